@@ -1,0 +1,1 @@
+"""Model references and weights: resolve, load strictly, normalise configs."""

@@ -1,0 +1,1 @@
+"""The bundled speculative engine: targets, tree buffers, verification rules and the decode loop."""

@@ -1,0 +1,132 @@
+"""The decode loop, batch size 1: plain and speculative decoding through one code path.
+
+Plain decoding is the same loop with an empty draft, so both share the cache, the forward and
+the timing, and a speedup compares like with like (FIELD_NOTES §1). Each step verifies
+``[root] + draft`` in one target forward, commits the accepted path and emits the accepted
+tokens plus the target's own next token. Draft length is never shortened to fit
+``max_new_tokens``; the output is truncated instead, and counters count what was verified.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from specbench.engine.draft import Draft
+from specbench.engine.sampling import SamplingParams
+from specbench.engine.target import Target
+from specbench.engine.verification import verify
+from specbench.metrics import RequestTiming, SpecCounters
+from specbench.proposers.base import Proposer, ProposerState
+
+
+@dataclass
+class GenerationConfig:
+    max_new_tokens: int = 128
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    ignore_eos: bool = False
+    eos_token_ids: tuple[int, ...] = ()
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+
+
+@dataclass
+class GenerationResult:
+    output_token_ids: list[int]
+    counters: SpecCounters
+    timing: RequestTiming
+    finish_reason: str  # "length" or "eos"
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class Decoder:
+    """Generate with ``target``, drafting with ``proposer`` (None = plain autoregressive decoding)."""
+
+    def __init__(self, target: Target, proposer: Proposer | None, config: GenerationConfig):
+        self.target = target
+        self.proposer = proposer
+        self.config = config
+
+    def _check_lengths(self, prompt_len: int) -> None:
+        limit = self.target.max_context
+        if prompt_len == 0:
+            raise ValueError("prompt is empty: at least one prompt token is needed to start decoding")
+        draft_room = self.proposer.max_draft_tokens if self.proposer else 0
+        needed = prompt_len + self.config.max_new_tokens + draft_room
+        if needed > limit:
+            raise ValueError(
+                f"context length exceeded: prompt ({prompt_len} tokens) + max_new_tokens "
+                f"({self.config.max_new_tokens}) + draft tokens per step ({draft_room}) = {needed} > the "
+                f"target's max context {limit}; shorten the prompt or lower max_new_tokens"
+            )
+
+    @torch.inference_mode()
+    def generate(self, prompt_ids: torch.Tensor | list[int], seed: int | None = None) -> GenerationResult:
+        prompt = torch.as_tensor(prompt_ids, dtype=torch.long).flatten()  # (T,)
+        self._check_lengths(prompt.numel())
+        device = self.target.device
+        sampling = self.config.sampling
+        generator = torch.Generator(device=device)
+        generator.manual_seed(self.config.seed if seed is None else seed)
+        eos = set() if self.config.ignore_eos else set(self.config.eos_token_ids)
+        counters = SpecCounters()
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+
+        _synchronize(device)
+        start = time.perf_counter()
+        prefill = self.target.prefill(prompt)
+        first = verify(_EMPTY_DRAFT, prefill.logits, sampling, generator)  # the first token, sampled as any
+        _synchronize(device)
+        time_to_first_token = time.perf_counter() - start
+
+        tokens = torch.cat([prompt, torch.tensor([first.next_token])]).to(device)  # (T + 1,)
+        emitted = [first.next_token]
+        hidden = prefill.hidden_states[-1]  # (H,)
+        finish_reason = "eos" if first.next_token in eos else "running"
+        if self.proposer is not None:
+            self.proposer.begin_request(prompt.to(device))
+        while finish_reason == "running" and len(emitted) < self.config.max_new_tokens:
+            draft = None
+            if self.proposer is not None:
+                draft = self.proposer.propose(ProposerState(token_ids=tokens, hidden_state=hidden))
+            draft = draft if draft is not None and len(draft) else _EMPTY_DRAFT
+            verify_ids = torch.cat([tokens[-1:], draft.tokens.to(device)])  # (N + 1,) root first
+            tree_mask = None if draft.is_chain else draft.tree_mask()  # (N + 1, N + 1)
+            out = self.target.verify(verify_ids, draft.depths(), tree_mask)
+            verdict = verify(draft, out.logits, sampling, generator)
+            self.target.commit(verdict.accepted_nodes, num_verified=verify_ids.numel())
+            counters.record_step(draft.depth(), verdict.num_accepted)
+            new = verify_ids[verdict.accepted_nodes[1:]].tolist() + [verdict.next_token]
+            hidden = out.hidden_states[verdict.accepted_nodes[-1]]  # (H,) predicted next_token
+            tokens = torch.cat([tokens, torch.tensor(new, device=device)])
+            for token in new:
+                emitted.append(token)
+                if token in eos:
+                    finish_reason = "eos"
+                    break
+        _synchronize(device)
+        total = time.perf_counter() - start
+
+        emitted = emitted[: self.config.max_new_tokens]
+        finish_reason = "eos" if emitted[-1] in eos else "length"
+        peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
+        timing = RequestTiming(
+            num_output_tokens=len(emitted),
+            time_to_first_token_s=time_to_first_token,
+            total_s=total,
+            peak_memory_bytes=peak,
+        )
+        return GenerationResult(output_token_ids=emitted, counters=counters, timing=timing, finish_reason=finish_reason)
+
+
+_EMPTY_DRAFT = Draft.chain(torch.empty(0, dtype=torch.long))

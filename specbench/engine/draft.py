@@ -1,0 +1,70 @@
+"""A proposer's output: draft tokens arranged as a chain or a tree under the root token.
+
+The verify input of one step is ``[root, draft_0, ..., draft_{N-1}]`` where the root is the last
+emitted token (not yet in the KV cache). ``parents[i]`` is the verify-input index of draft i's
+parent: 0 is the root, ``j + 1`` is draft j. Parents always precede children, so a chain of K
+tokens has ``parents = [0, 1, ..., K-1]``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class Draft:
+    tokens: torch.Tensor  # (N,) int64 draft token ids
+    parents: torch.Tensor  # (N,) int64 verify-input index of each node's parent (0 = root)
+    # (N, V) float: the proposer's distribution each token was drawn from, for rejection sampling
+    # with a real draft model; None means point-mass drafts (n-gram, Medusa top-k).
+    draft_probs: torch.Tensor | None = None
+
+    def __post_init__(self) -> None:
+        n = self.tokens.numel()
+        if self.tokens.dim() != 1 or self.parents.shape != self.tokens.shape:
+            raise ValueError(
+                f"Draft.tokens and Draft.parents must be 1-D of equal length, got shapes "
+                f"{tuple(self.tokens.shape)} and {tuple(self.parents.shape)}"
+            )
+        node_index = torch.arange(1, n + 1, device=self.parents.device)
+        if n and not bool(((self.parents >= 0) & (self.parents < node_index)).all()):
+            raise ValueError(
+                f"Draft.parents must point to an earlier node (0 = root), got {self.parents.tolist()}"
+            )
+        if self.draft_probs is not None and self.draft_probs.shape[0] != n:
+            raise ValueError(f"Draft.draft_probs has {self.draft_probs.shape[0]} rows for {n} draft tokens")
+
+    @classmethod
+    def chain(cls, tokens: torch.Tensor, draft_probs: torch.Tensor | None = None) -> "Draft":
+        """A linear draft: each token continues the previous one."""
+        parents = torch.arange(tokens.numel(), dtype=torch.long, device=tokens.device)  # (K,)
+        return cls(tokens=tokens.long(), parents=parents, draft_probs=draft_probs)
+
+    def __len__(self) -> int:
+        return self.tokens.numel()
+
+    @property
+    def is_chain(self) -> bool:
+        return bool((self.parents == torch.arange(len(self), device=self.parents.device)).all())
+
+    def depths(self) -> torch.Tensor:
+        """(N + 1,) depth of every verify-input node; the root has depth 0."""
+        parents = self.parents.tolist()
+        depth = [0] * (len(parents) + 1)
+        for i, p in enumerate(parents):
+            depth[i + 1] = depth[p] + 1
+        return torch.tensor(depth, dtype=torch.long)
+
+    def depth(self) -> int:
+        """Length of the longest candidate path: the draft tokens this step counts (metrics.py)."""
+        return int(self.depths().max()) if len(self) else 0
+
+    def tree_mask(self) -> torch.Tensor:
+        """(N + 1, N + 1) bool: row i attends to column j iff j is i or an ancestor of i."""
+        n = len(self) + 1
+        mask = torch.eye(n, dtype=torch.bool)
+        for i, p in enumerate(self.parents.tolist(), start=1):
+            mask[i] |= mask[p]
+        return mask

@@ -1,0 +1,101 @@
+"""A :class:`~specbench.engine.target.Target` over any transformers causal LM (the universal path).
+
+Verification calls the model's decoder directly so the final hidden states (after the final
+norm) and the logits come from one forward; trees use a 4D additive attention mask and per-node
+position ids over the cached prefix.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import torch
+from transformers import DynamicCache, PreTrainedModel
+
+from specbench.engine.target import TargetOutput
+
+
+class HFTarget:
+    """Wrap a transformers ``*ForCausalLM`` (Llama family and any model with a plain decoder + lm_head)."""
+
+    def __init__(self, model: PreTrainedModel, max_context: int | None = None):
+        self.model = model.eval()
+        self.config = model.config
+        self.decoder = model.get_decoder()
+        self.lm_head = model.get_output_embeddings()
+        if self.lm_head is None:
+            raise ValueError(f"{type(model).__name__} has no output embeddings (lm_head); a causal LM is required")
+        self.vocab_size = int(self.lm_head.weight.shape[0])
+        self.max_context = int(max_context or getattr(self.config, "max_position_embeddings", 2048))
+        self.device = next(model.parameters()).device
+        self.dtype = next(model.parameters()).dtype
+        self._softcap = getattr(self.config, "final_logit_softcapping", None)
+        self.cache: DynamicCache | None = None
+        # transformers 5.x renamed `past_key_values` to `cache` and dropped `cache_position`;
+        # ask the signature instead of pinning a minor version
+        accepted = inspect.signature(self.decoder.forward).parameters
+        self._cache_kwarg = "cache" if "cache" in accepted else "past_key_values"
+        self._takes_cache_position = "cache_position" in accepted
+
+    @property
+    def cache_length(self) -> int:
+        return 0 if self.cache is None else self.cache.get_seq_length()
+
+    def reset(self) -> None:
+        self.cache = DynamicCache(config=self.config)
+
+    def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        logits = self.lm_head(hidden).float()  # (N, V)
+        if self._softcap:
+            logits = torch.tanh(logits / self._softcap) * self._softcap
+        return logits
+
+    @torch.inference_mode()
+    def prefill(self, input_ids: torch.Tensor) -> TargetOutput:
+        self.reset()
+        ids = input_ids.to(self.device).view(1, -1)  # (1, T)
+        out = self.decoder(input_ids=ids, use_cache=True, **{self._cache_kwarg: self.cache})
+        hidden = out.last_hidden_state[0, -1:]  # (1, H): only the last position predicts
+        return TargetOutput(logits=self._logits(hidden), hidden_states=hidden)
+
+    @torch.inference_mode()
+    def verify(self, input_ids: torch.Tensor, depths: torch.Tensor, tree_mask: torch.Tensor | None) -> TargetOutput:
+        past = self.cache_length
+        n = input_ids.numel()
+        ids = input_ids.to(self.device).view(1, n)  # (1, N)
+        position_ids = (past + depths.to(self.device)).view(1, n)  # (1, N)
+        if tree_mask is None:  # a chain: plain causal attention among the new tokens
+            tree_mask = torch.ones(n, n, dtype=torch.bool).tril_()
+        # an explicit 4D mask is used as given by every transformers 5 attention path, so chains and
+        # trees take the same route whatever the library's own causal-mask logic does
+        allowed = torch.ones(n, past + n, dtype=torch.bool, device=self.device)  # (N, past + N)
+        allowed[:, past:] = tree_mask.to(self.device)
+        attention_mask = torch.zeros(1, 1, n, past + n, dtype=self.dtype, device=self.device)
+        attention_mask.masked_fill_(~allowed, torch.finfo(self.dtype).min)  # additive (1, 1, N, past + N)
+        extra = {self._cache_kwarg: self.cache}
+        if self._takes_cache_position:
+            extra["cache_position"] = torch.arange(past, past + n, device=self.device)  # (N,) slots written
+        out = self.decoder(
+            input_ids=ids, position_ids=position_ids, attention_mask=attention_mask, use_cache=True, **extra
+        )
+        hidden = out.last_hidden_state[0]  # (N, H)
+        return TargetOutput(logits=self._logits(hidden), hidden_states=hidden)
+
+    @torch.inference_mode()
+    def commit(self, accepted_nodes: list[int], num_verified: int) -> None:
+        past = self.cache_length - num_verified
+        kept = len(accepted_nodes)
+        if accepted_nodes == list(range(kept)):
+            if kept < num_verified:
+                self.cache.crop(-(num_verified - kept))
+            return
+        for layer in self.cache.layers:
+            if type(layer).__name__ != "DynamicLayer":
+                raise NotImplementedError(
+                    f"tree verification needs plain dynamic KV layers; {type(self.model).__name__} uses "
+                    f"{type(layer).__name__} (sliding-window or other); use a chain proposer with this target"
+                )
+            index = past + torch.tensor(accepted_nodes, device=layer.keys.device)  # (A,)
+            # keys/values: (1, heads, T, head_dim); the accepted entries move to [past, past + A)
+            layer.keys = torch.cat([layer.keys[..., :past, :], layer.keys[..., index, :]], dim=-2)
+            layer.values = torch.cat([layer.values[..., :past, :], layer.values[..., index, :]], dim=-2)

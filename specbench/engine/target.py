@@ -1,0 +1,48 @@
+"""The target-model interface the decode loop drives: prefill, verify a draft, commit a path.
+
+A target owns one KV cache (batch size 1). ``verify`` appends every node of the verify input to
+the cache; ``commit`` then keeps only the accepted path's entries, moved to contiguous positions,
+so rejected entries never leak into later steps.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+import torch
+
+
+@dataclass
+class TargetOutput:
+    logits: torch.Tensor  # (N, V) float32 next-token logits of each input position
+    hidden_states: torch.Tensor  # (N, H) final hidden states after the final norm (what Medusa heads read)
+
+
+@runtime_checkable
+class Target(Protocol):
+    vocab_size: int
+    max_context: int  # positions the model supports; prompt + output + draft must fit
+    device: torch.device
+    dtype: torch.dtype
+
+    @property
+    def cache_length(self) -> int:
+        """Tokens currently held in the KV cache."""
+
+    def reset(self) -> None:
+        """Drop the KV cache (start of a new request)."""
+
+    def prefill(self, input_ids: torch.Tensor) -> TargetOutput:
+        """Run the prompt ``(T,)`` into an empty cache; returns the last position only: ``(1, V)``, ``(1, H)``."""
+
+    def verify(self, input_ids: torch.Tensor, depths: torch.Tensor, tree_mask: torch.Tensor | None) -> TargetOutput:
+        """Score ``(N,)`` verify-input tokens placed after the cache in one forward.
+
+        ``depths`` ``(N,)`` gives each node's position offset from the cache end; ``tree_mask``
+        ``(N, N)`` bool says which nodes each node attends to (None: causal chain).
+        """
+
+    def commit(self, accepted_nodes: list[int], num_verified: int) -> None:
+        """Keep the cache entries of ``accepted_nodes`` (verify-input indices, ascending) of the last
+        ``num_verified`` appended, contiguously; drop the rest."""

@@ -1,0 +1,48 @@
+"""The proposer protocol: given the decoding state, return a draft chain or tree (or nothing)."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar
+
+import torch
+
+from specbench.engine.draft import Draft
+
+if TYPE_CHECKING:
+    from specbench.engine.target import Target
+
+
+@dataclass
+class ProposerState:
+    token_ids: torch.Tensor  # (T,) prompt + emitted tokens; the last one is the root of the next draft
+    # (H,) the target's final hidden state at the position that predicted token_ids[-1]
+    hidden_state: torch.Tensor | None = None
+
+
+class Proposer(ABC):
+    """Base class of every proposer. Subclasses set ``name`` and build themselves in ``from_options``."""
+
+    name: ClassVar[str]
+
+    @classmethod
+    @abstractmethod
+    def from_options(cls, target: "Target", **options) -> "Proposer":
+        """Build from a target and user options (CLI flags, case files); reject unknown options."""
+
+    @property
+    @abstractmethod
+    def max_draft_tokens(self) -> int:
+        """Most draft nodes one step can propose (sizes the context-length check)."""
+
+    def begin_request(self, prompt_ids: torch.Tensor) -> None:
+        """Reset per-request state; ``prompt_ids`` is ``(T,)``."""
+
+    @abstractmethod
+    def propose(self, state: ProposerState) -> Draft | None:
+        """Return the next draft, or None for a plain decoding step."""
+
+    def describe(self) -> dict:
+        """Settings that identify this proposer in results and baselines."""
+        return {"name": self.name}
