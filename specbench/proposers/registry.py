@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import inspect
 from importlib import import_module
 from importlib.metadata import entry_points
 from typing import TYPE_CHECKING
@@ -14,7 +15,7 @@ if TYPE_CHECKING:
 
 ENTRY_POINT_GROUP = "specbench.proposers"
 # built-in proposers, imported lazily so that loading one never pulls in another's dependencies
-_BUILTIN_MODULES = {"ngram": "specbench.proposers.ngram"}
+_BUILTIN_MODULES = {"ngram": "specbench.proposers.ngram", "medusa": "specbench.proposers.medusa"}
 _REGISTRY: dict[str, type[Proposer]] = {}
 
 
@@ -62,4 +63,14 @@ def get_proposer_class(name: str) -> type[Proposer]:
 
 def create_proposer(name: str, target: "Target", **options) -> Proposer:
     """Build the proposer called ``name`` for ``target`` with its options."""
-    return get_proposer_class(name).from_options(target, **options)
+    cls = get_proposer_class(name)
+    parameters = inspect.signature(cls.from_options).parameters
+    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
+    known = [p for p in parameters if p != "target" and parameters[p].kind is not inspect.Parameter.VAR_KEYWORD]
+    unknown = sorted(set(options) - set(known))
+    if unknown and not takes_any:
+        raise ValueError(
+            f"proposer {name!r} does not take option(s) {', '.join(map(repr, unknown))}; "
+            f"it takes: {', '.join(known) or 'no options'}"
+        )
+    return cls.from_options(target, **options)

@@ -1,0 +1,192 @@
+"""Medusa tree buffers: a static tree of top-k ranks turned into the tensors one tree step needs.
+
+A tree is a list of paths of top-k ranks under an implicit root (the target's own next token):
+``[0, 1]`` is head 0's best candidate followed by head 1's second best (FIELD_NOTES §2).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Sequence, Union
+
+import torch
+
+from specbench.engine.draft import Draft
+
+DATA_DIR_ENV = "SPECBENCH_DATA_DIR"
+PUBLISHED_TREES_FILE = Path("medusa_trees") / "medusa_choices.json"  # under $SPECBENCH_DATA_DIR
+SHIPPED_TREES_DIR = Path(__file__).resolve().parent.parent / "trees"  # specbench/trees/<name>.json
+
+TreeSpec = Union["TreeBuffers", Sequence[Sequence[int]], str, os.PathLike]
+
+
+@dataclass(frozen=True)
+class TreeBuffers:
+    """Everything a tree step needs, for N nodes; node i (1-based, verify-input index) is ``paths[i - 1]``."""
+
+    paths: tuple[tuple[int, ...], ...]  # sorted by (length, ranks)
+    tree_mask: torch.Tensor  # (N + 1, N + 1) bool: identity + root column + ancestors
+    depths: torch.Tensor  # (N + 1,) int64 depth = position offset from the root; root 0
+    parents: torch.Tensor  # (N,) int64 verify-input index of each node's parent (0 = root), as in Draft
+    head_indices: torch.Tensor  # (N,) int64 head that drafts each node: depth - 1
+    ranks: torch.Tensor  # (N,) int64 top-k rank of each node's token in its head's list
+    candidate_indices: torch.Tensor  # (N,) int64 into the flattened (max_depth, top_k) top-k table
+    retrieve_indices: torch.Tensor  # (num_leaves, max_depth + 1) int64 root-first paths to leaves, -1 padded
+    name: str | None = None
+
+    @property
+    def num_nodes(self) -> int:
+        return len(self.paths)
+
+    @property
+    def max_depth(self) -> int:
+        return max((len(p) for p in self.paths), default=0)
+
+    @property
+    def top_k(self) -> int:
+        """Candidates each head must supply: the largest rank used, plus one."""
+        return max((max(p) for p in self.paths), default=-1) + 1
+
+    @classmethod
+    def from_paths(cls, paths: Sequence[Sequence[int]], name: str | None = None) -> "TreeBuffers":
+        where = f"Medusa tree {name!r}" if name else "Medusa tree"
+        ordered = _validated_paths(paths, where)
+        index = {path: i + 1 for i, path in enumerate(ordered)}  # verify-input index of each node
+        parents = torch.tensor([index.get(p[:-1], 0) for p in ordered], dtype=torch.long)  # (N,)
+        # the mask and depths are Draft's, so tree steps and proposer drafts can never disagree
+        shape = Draft(tokens=torch.zeros_like(parents), parents=parents)
+        depths = shape.depths()  # (N + 1,)
+        top_k = max((max(p) for p in ordered), default=-1) + 1
+        ranks = torch.tensor([p[-1] for p in ordered], dtype=torch.long)  # (N,)
+        head_indices = depths[1:] - 1  # (N,)
+        max_depth = int(depths.max())
+        inner = {p[:-1] for p in ordered}
+        leaves = [p for p in ordered if p not in inner]
+        retrieve = torch.full((len(leaves), max_depth + 1), -1, dtype=torch.long)  # (L, D + 1)
+        for row, leaf in enumerate(leaves):
+            retrieve[row, : len(leaf) + 1] = torch.tensor([0] + [index[leaf[:d]] for d in range(1, len(leaf) + 1)])
+        return cls(
+            paths=ordered,
+            tree_mask=shape.tree_mask(),
+            depths=depths,
+            parents=parents,
+            head_indices=head_indices,
+            ranks=ranks,
+            candidate_indices=head_indices * top_k + ranks,
+            retrieve_indices=retrieve,
+            name=name,
+        )
+
+    def draft(self, topk_tokens: torch.Tensor) -> Draft:
+        """Place per-head candidates ``(num_heads >= max_depth, k >= top_k)`` (best first) on the tree."""
+        heads, k = topk_tokens.shape
+        if heads < self.max_depth or k < self.top_k:
+            raise ValueError(
+                f"{self._label()} needs top-{self.top_k} candidates from {self.max_depth} heads, got a "
+                f"({heads}, {k}) table"
+            )
+        table = topk_tokens[: self.max_depth, : self.top_k].reshape(-1)  # (max_depth * top_k,)
+        return Draft(tokens=table[self.candidate_indices.to(table.device)].long(), parents=self.parents.to(table.device))
+
+    def to(self, device: torch.device | str) -> "TreeBuffers":
+        tensors = ("tree_mask", "depths", "parents", "head_indices", "ranks", "candidate_indices", "retrieve_indices")
+        return replace(self, **{field: getattr(self, field).to(device) for field in tensors})
+
+    def _label(self) -> str:
+        return f"Medusa tree {self.name!r}" if self.name else "Medusa tree"
+
+
+def _validated_paths(paths: Sequence[Sequence[int]], where: str) -> tuple[tuple[int, ...], ...]:
+    if isinstance(paths, (str, bytes)) or not isinstance(paths, Sequence) or not paths:
+        raise ValueError(f"{where}: expected a non-empty list of paths (lists of top-k ranks), got {paths!r}")
+    seen: set[tuple[int, ...]] = set()
+    for path in paths:
+        if isinstance(path, (str, bytes)) or not isinstance(path, Sequence) or not path:
+            raise ValueError(f"{where}: every path must be a non-empty list of top-k ranks, got {path!r}")
+        if not all(isinstance(r, int) and not isinstance(r, bool) and r >= 0 for r in path):
+            raise ValueError(f"{where}: path {list(path)} must hold integer ranks >= 0")
+        key = tuple(path)
+        if key in seen:
+            raise ValueError(f"{where}: path {list(path)} appears twice; remove the duplicate")
+        seen.add(key)
+    for path in seen:
+        for depth in range(1, len(path)):
+            if path[:depth] not in seen:
+                raise ValueError(
+                    f"{where}: path {list(path)} has no parent path {list(path[:depth])}; every prefix of a "
+                    f"path must itself be a path: add {list(path[:depth])} or drop {list(path)}"
+                )
+    return tuple(sorted(seen, key=lambda p: (len(p), p)))
+
+
+def _read_tree_file(file: Path) -> list:
+    try:
+        content = json.loads(file.read_text())
+    except (OSError, json.JSONDecodeError) as error:
+        raise ValueError(f"cannot read Medusa tree file {file}: {error}") from error
+    if isinstance(content, dict) and "paths" in content:
+        return content["paths"]
+    if isinstance(content, list):
+        return content
+    raise ValueError(
+        f"Medusa tree file {file}: expected a JSON list of paths or an object with key 'paths' "
+        f"(as save_tree_json writes), found a {type(content).__name__}"
+        + (f" with keys {sorted(content)[:10]}" if isinstance(content, dict) else "")
+    )
+
+
+def _published_trees() -> tuple[Path | None, dict]:
+    root = os.environ.get(DATA_DIR_ENV)
+    if not root:
+        return None, {}
+    file = Path(root) / PUBLISHED_TREES_FILE
+    if not file.is_file():
+        return file, {}
+    content = json.loads(file.read_text())
+    if not isinstance(content, dict):
+        raise ValueError(f"{file}: expected a JSON object mapping tree names to lists of paths, found {type(content).__name__}")
+    return file, content
+
+
+def available_trees() -> dict[str, list[str]]:
+    """Tree names :func:`load_tree` accepts: ``{"shipped": [...], "published": [...]}``."""
+    shipped = sorted(p.stem for p in SHIPPED_TREES_DIR.glob("*.json")) if SHIPPED_TREES_DIR.is_dir() else []
+    return {"shipped": shipped, "published": sorted(_published_trees()[1])}
+
+
+def load_tree(spec: TreeSpec) -> TreeBuffers:
+    """Tree buffers from a list of paths, a JSON file, or a tree name.
+
+    Names are looked up first in the package's ``specbench/trees/<name>.json``, then in
+    ``$SPECBENCH_DATA_DIR/medusa_trees/medusa_choices.json`` (the published Medusa trees).
+    """
+    if isinstance(spec, TreeBuffers):
+        return spec
+    if not isinstance(spec, (str, os.PathLike)):
+        return TreeBuffers.from_paths(spec)
+    file = Path(spec)
+    if file.suffix == ".json" or file.is_file():
+        if not file.is_file():
+            raise FileNotFoundError(f"Medusa tree file {file} does not exist")
+        return TreeBuffers.from_paths(_read_tree_file(file), name=file.stem)
+    name = str(spec)
+    shipped = SHIPPED_TREES_DIR / f"{name}.json"
+    if shipped.is_file():
+        return TreeBuffers.from_paths(_read_tree_file(shipped), name=name)
+    published_file, published = _published_trees()
+    if name in published:
+        return TreeBuffers.from_paths(published[name], name=name)
+    if published_file is None:
+        where = f"set {DATA_DIR_ENV} to a directory holding {PUBLISHED_TREES_FILE} to use the published trees"
+    elif not published:
+        where = f"{published_file} is missing, so no published trees are available"
+    else:
+        where = f"published trees in {published_file}: {', '.join(sorted(published))}"
+    shipped_names = available_trees()["shipped"]
+    raise ValueError(
+        f"unknown Medusa tree {name!r}; shipped trees ({SHIPPED_TREES_DIR}): "
+        f"{', '.join(shipped_names) or 'none'}; {where}. A list of paths or a JSON file path also works."
+    )

@@ -1,0 +1,426 @@
+"""Gates: judge a run result against its stored baseline, metric by metric, one-sided and noise-aware.
+
+The rule, for a higher-is-better metric (mirrored for lower-is-better latencies):
+
+    regression   iff  measured < baseline * (1 - tolerance)  and  upper end of the CI < baseline
+    improvement  iff  measured > baseline * (1 + tolerance)  and  lower end of the CI > baseline
+    pass         otherwise
+
+Why both conditions: the tolerance is the smallest change that matters; the confidence interval says
+whether a change is larger than what other prompts or other sampling draws would produce. A tolerance
+alone fails on noise when a case has few requests (the flaky single-number thresholds of vLLM #30367,
+#37477); an interval alone fails on tiny, meaningless drops once a case has many requests. Improvements
+never fail (vLLM #32030): they pass with "consider regenerating the baseline".
+
+The interval is a percentile bootstrap over requests (2,000 resamples, seeded: same input, same verdict),
+resampling whole requests because tokens within one request are not independent. Every gated metric is
+a ratio estimator ``offset + sum(num) / sum(den)`` over requests: acceptance_rate = accepted / draft
+tokens, MAL = 1 + accepted / drafts, per-position i = accepted at i / drafts, tokens_per_s = tok/s / 1,
+speedup = tok/s / plain tok/s, latencies = seconds / 1. The baseline stores its per-request values too,
+so the interval is of the difference measured - baseline: resampled *paired* by prompt_id when both runs
+used the same prompts (prompt difficulty cancels, so an unchanged deterministic run has a zero-width
+interval and a uniform drop a tight one), independently otherwise. The interval reported is
+baseline + that difference interval: centred on the measured value, and "its upper end is below the
+baseline" is exactly "the difference is significantly negative". With fewer than two requests there is
+no interval and the tolerance alone decides (greedy fp32 runs are deterministic, so that is sound there).
+
+Confidence is 99%, not 95%: when noise is as large as the tolerance, a false alarm needs the measured
+value beyond the interval's far end, probability (1 - confidence) / 2 per check; a suite gates ~10
+metrics per case over dozens of cases, and at 95% that is a spurious red run every few runs. A real
+30% drop sits far outside either interval, so the wider one costs little power.
+
+Default tolerances (relative) and why:
+- quality 5%: vLLM's per-position acceptance tolerance for its EAGLE-3 baselines (FIELD_NOTES §1).
+  Quality is hardware-independent, so it is gated everywhere.
+- speedup 10%: spec and plain timings come from the same run on the same machine, so clock, thermal and
+  co-tenant drift cancel to first order; what remains is scheduling jitter.
+- tokens_per_s, per_token_latency_s 15%: absolute timings move with GPU clocks, driver and co-tenants
+  between runs on the same hardware class, and nothing cancels them.
+- time_to_first_token_s 20%: one prefill per request averages fewer timings than per-token figures and
+  carries one-off costs (allocator growth, lazy initialisation).
+Speed metrics are gated only against a baseline of the same ``env.hardware_class``.
+
+Lossless correctness: in fp32 a checked run must be exact (any divergence fails, naming request and
+position). In bf16/fp16 batching k tokens changes rounding (Medusa #56), so the match fraction is gated
+by a minimum (default 0.5: rounding drift diverges somewhere in a long output, while a broken
+verification path diverges at the first draft and scores near 0).
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+HIGHER_IS_BETTER = "higher_is_better"
+LOWER_IS_BETTER = "lower_is_better"
+
+QUALITY_METRICS = ("acceptance_rate", "mean_acceptance_length", "per_position_acceptance_rate")
+SPEED_METRICS = ("tokens_per_s", "speedup", "time_to_first_token_s", "per_token_latency_s")
+DIRECTIONS = {
+    "acceptance_rate": HIGHER_IS_BETTER,
+    "mean_acceptance_length": HIGHER_IS_BETTER,
+    "per_position_acceptance_rate": HIGHER_IS_BETTER,
+    "tokens_per_s": HIGHER_IS_BETTER,
+    "speedup": HIGHER_IS_BETTER,
+    "time_to_first_token_s": LOWER_IS_BETTER,
+    "per_token_latency_s": LOWER_IS_BETTER,
+}
+# reasons in the module docstring
+DEFAULT_TOLERANCES = {
+    "acceptance_rate": 0.05,
+    "mean_acceptance_length": 0.05,
+    "per_position_acceptance_rate": 0.05,
+    "speedup": 0.10,
+    "tokens_per_s": 0.15,
+    "per_token_latency_s": 0.15,
+    "time_to_first_token_s": 0.20,
+    "min_match_fraction": 0.5,
+}
+DEFAULT_CONFIDENCE = 0.99
+DEFAULT_NUM_RESAMPLES = 2000
+LOW_PRECISION_DTYPES = ("bfloat16", "bf16", "float16", "fp16", "half")
+
+STATUSES = ("pass", "regression", "improvement", "no_baseline", "skipped", "fail")
+# "fail" is for absolute requirements (lossless correctness) that need no baseline
+FAILING_STATUSES = ("regression", "fail")
+
+
+def resolve_tolerances(*overrides: dict | None) -> dict:
+    """Defaults updated by each override in turn; unknown names or bad values raise ValueError."""
+    out = dict(DEFAULT_TOLERANCES)
+    for layer in overrides:
+        for name, value in (layer or {}).items():
+            if name not in DEFAULT_TOLERANCES:
+                raise ValueError(f"unknown tolerance {name!r}; expected one of {sorted(DEFAULT_TOLERANCES)}")
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value:
+                raise ValueError(f"tolerance {name!r} must be a number >= 0 (a relative fraction), found {value!r}")
+            if name == "min_match_fraction" and value > 1:
+                raise ValueError(f"tolerance 'min_match_fraction' must be within [0, 1], found {value!r}")
+            out[name] = float(value)
+    return out
+
+
+def _fmt(x: float | None) -> str:
+    if x is None or not math.isfinite(x):
+        return "undefined"
+    return f"{x:.3g}" if abs(x) < 0.1 else f"{x:.3f}" if abs(x) < 1000 else f"{x:.1f}"
+
+
+@dataclass
+class MetricCheck:
+    """The verdict on one gated metric (per-position rates are named ``per_position_acceptance_rate[i]``)."""
+
+    name: str
+    direction: str
+    baseline: float | None
+    measured: float | None
+    tolerance: float | None
+    status: str
+    reason: str = ""
+    ci: tuple[float, float] | None = None
+    confidence: float = DEFAULT_CONFIDENCE
+    case_id: str = ""
+
+    @property
+    def failed(self) -> bool:
+        return self.status in FAILING_STATUSES
+
+    def _detail(self) -> str:
+        parts = [] if self.tolerance is None else [f"tolerance {self.tolerance * 100:g}%"]
+        if self.ci is not None:
+            parts.append(f"{self.confidence * 100:g}% CI [{_fmt(self.ci[0])}, {_fmt(self.ci[1])}]")
+        elif self.tolerance is not None and self.status in ("pass", "regression", "improvement"):
+            parts.append("no CI: fewer than 2 requests with per-request data")
+        return f" ({', '.join(parts)})" if parts else ""
+
+    def message(self) -> str:
+        """One line, prefixed with the case id, naming metric, baseline, measured value and tolerance."""
+        worse, better = ("<", ">") if self.direction == HIGHER_IS_BETTER else (">", "<")
+        m, b = _fmt(self.measured), _fmt(self.baseline)
+        if self.status == "regression":
+            text = f"{self.name} regressed: measured {m} {worse} baseline {b}{self._detail()}"
+        elif self.status == "improvement":
+            text = (f"{self.name} improved: measured {m} {better} baseline {b}{self._detail()}; "
+                    "consider regenerating the baseline")
+        elif self.status == "pass":
+            text = f"{self.name} ok: measured {m}, baseline {b}{self._detail()}"
+        elif self.status == "no_baseline":
+            text = f"{self.name}: no baseline (measured {m})"
+        elif self.status == "skipped":
+            text = f"{self.name} skipped"
+        else:
+            text = f"{self.name} failed"
+        if self.reason:
+            text += f": {self.reason}"
+        return f"{self.case_id}: {text}" if self.case_id else text
+
+    def to_dict(self) -> dict:
+        out = asdict(self)
+        out["ci"] = list(self.ci) if self.ci is not None else None
+        out["message"] = self.message()
+        return out
+
+
+@dataclass
+class GateReport:
+    """All checks of one case; ``passed`` is False when any check regressed or failed."""
+
+    case_id: str
+    hardware_class: str | None
+    checks: list[MetricCheck] = field(default_factory=list)
+    baseline_path: str | None = None
+    has_baseline: bool = False
+
+    @property
+    def passed(self) -> bool:
+        return not self.failures
+
+    @property
+    def failures(self) -> list[MetricCheck]:
+        return [c for c in self.checks if c.failed]
+
+    @property
+    def improvements(self) -> list[MetricCheck]:
+        return [c for c in self.checks if c.status == "improvement"]
+
+    def check(self, name: str) -> MetricCheck:
+        """The check called ``name`` (KeyError listing the names when absent)."""
+        for c in self.checks:
+            if c.name == name:
+                return c
+        raise KeyError(f"no check {name!r} in the report of {self.case_id}; have {[c.name for c in self.checks]}")
+
+    def format(self, *, only_problems: bool = False) -> str:
+        counts = {s: sum(c.status == s for c in self.checks) for s in STATUSES}
+        summary = ", ".join(f"{n} {s}" for s, n in counts.items() if n)
+        lines = [f"{self.case_id}: {'PASSED' if self.passed else 'FAILED'} ({summary or 'no checks'})"
+                 + (f" against {self.baseline_path}" if self.baseline_path else "")]
+        for c in self.checks:
+            if not only_problems or c.status != "pass":
+                lines.append("  " + c.message())
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict:
+        return {"case_id": self.case_id, "hardware_class": self.hardware_class, "passed": self.passed,
+                "baseline_path": self.baseline_path, "has_baseline": self.has_baseline,
+                "checks": [c.to_dict() for c in self.checks]}
+
+
+def per_token_latency(request: dict) -> float | None:
+    """A request's mean seconds per output token after the first, as metrics.RequestTiming defines it.
+
+    Taken from the request when present, else derived from its output length, tok/s and TTFT.
+    """
+    if request.get("per_token_latency_s") is not None:
+        return float(request["per_token_latency_s"])
+    num_tokens = len(request.get("output_token_ids") or [])
+    tokens_per_s, ttft = request.get("tokens_per_s"), request.get("time_to_first_token_s")
+    if num_tokens <= 1 or not tokens_per_s or ttft is None:
+        return None
+    return (num_tokens / tokens_per_s - ttft) / (num_tokens - 1)
+
+
+# metric -> (numerator of a request, denominator of a request, offset, value when the denominators sum to 0)
+def _estimator(name: str, position: int | None):
+    def accepted_at(r):
+        counts = r.get("accepted_per_position") or []
+        return counts[position] if position < len(counts) else 0
+
+    one = lambda r: 1.0  # noqa: E731
+    return {
+        "acceptance_rate": (lambda r: r.get("num_accepted_tokens"), lambda r: r.get("num_draft_tokens"), 0.0, math.nan),
+        "mean_acceptance_length": (lambda r: r.get("num_accepted_tokens"), lambda r: r.get("num_drafts"), 1.0, 1.0),
+        "per_position_acceptance_rate": (accepted_at, lambda r: r.get("num_drafts"), 0.0, math.nan),
+        "tokens_per_s": (lambda r: r.get("tokens_per_s"), one, 0.0, math.nan),
+        "speedup": (lambda r: r.get("tokens_per_s"), lambda r: r.get("plain_tokens_per_s"), 0.0, math.nan),
+        "time_to_first_token_s": (lambda r: r.get("time_to_first_token_s"), one, 0.0, math.nan),
+        "per_token_latency_s": (per_token_latency, one, 0.0, math.nan),
+    }[name]
+
+
+def _rows(requests: list[dict] | None, estimator) -> tuple[list, np.ndarray, np.ndarray] | None:
+    """(prompt ids, numerators, denominators) of the requests where both are finite numbers."""
+    num_of, den_of, _, _ = estimator
+    keys, nums, dens = [], [], []
+    for i, r in enumerate(requests or []):
+        num, den = num_of(r), den_of(r)
+        if num is None or den is None or not (math.isfinite(num) and math.isfinite(den)):
+            continue
+        keys.append(r.get("prompt_id", i))
+        nums.append(float(num))
+        dens.append(float(den))
+    return (keys, np.asarray(nums), np.asarray(dens)) if keys else None
+
+
+def _resampled(num: np.ndarray, den: np.ndarray, idx: np.ndarray, offset: float, empty: float) -> np.ndarray:
+    num_sum, den_sum = num[idx].sum(axis=1), den[idx].sum(axis=1)  # (R,), (R,)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(den_sum > 0, offset + num_sum / den_sum, empty)  # (R,)
+
+
+def bootstrap_interval(measured_requests, baseline_requests, baseline_value: float, name: str, *,
+                       position: int | None = None, confidence: float = DEFAULT_CONFIDENCE,
+                       num_resamples: int = DEFAULT_NUM_RESAMPLES, seed: int = 0) -> tuple[float, float] | None:
+    """Interval for the measured value, adjusted for the baseline's own noise (module docstring)."""
+    estimator = _estimator(name, position)
+    _, _, offset, empty = estimator
+    measured, baseline = _rows(measured_requests, estimator), _rows(baseline_requests, estimator)
+    if measured is None or len(measured[0]) < 2:
+        return None
+    label = name if position is None else f"{name}[{position}]"
+    # a seed per metric, so adding a check never changes another check's interval
+    rng = np.random.default_rng([seed, zlib.crc32(label.encode())])
+    m_keys, m_num, m_den = measured
+    idx = rng.integers(0, len(m_keys), size=(num_resamples, len(m_keys)))  # (R, n)
+    stats = _resampled(m_num, m_den, idx, offset, empty)  # (R,)
+    shift = 0.0
+    if baseline is not None and len(baseline[0]) >= 2:
+        b_keys, b_num, b_den = baseline
+        position_of = {k: i for i, k in enumerate(b_keys)}
+        if len(set(m_keys)) == len(m_keys) and len(position_of) == len(b_keys) and set(m_keys) == set(b_keys):
+            order = np.asarray([position_of[k] for k in m_keys])
+            b_idx = order[idx]  # paired: the same prompts drawn on both sides
+        else:
+            b_idx = rng.integers(0, len(b_keys), size=(num_resamples, len(b_keys)))
+        stats = stats - _resampled(b_num, b_den, b_idx, offset, empty)
+        shift = baseline_value
+    stats = stats[np.isfinite(stats)]
+    if stats.size == 0:
+        return None
+    alpha = 1.0 - confidence
+    low, high = np.quantile(stats, [alpha / 2, 1 - alpha / 2])
+    return float(shift + low), float(shift + high)
+
+
+def judge(name: str, direction: str, baseline: float | None, measured: float | None,
+          tolerance: float, ci: tuple[float, float] | None) -> tuple[str, str]:
+    """(status, reason) by the rule in the module docstring."""
+    if baseline is None or not math.isfinite(baseline):
+        return "skipped", "the baseline holds no value (undefined when it was recorded)"
+    if measured is None or not math.isfinite(measured):
+        return "regression", "measured value is undefined (nothing was drafted in this run)"
+    higher = direction == HIGHER_IS_BETTER
+    below, above = measured < baseline * (1 - tolerance), measured > baseline * (1 + tolerance)
+    ci_below = ci is None or ci[1] < baseline
+    ci_above = ci is None or ci[0] > baseline
+    worse, ci_worse = (below, ci_below) if higher else (above, ci_above)
+    better, ci_better = (above, ci_above) if higher else (below, ci_below)
+    if worse and ci_worse:
+        return "regression", ""
+    if better and ci_better:
+        return "improvement", ""
+    if worse or better:
+        return "pass", "beyond the tolerance but within noise: the CI reaches the baseline"
+    return "pass", ""
+
+
+def is_low_precision(result: dict) -> bool:
+    dtype = (result.get("case") or {}).get("dtype") or (result.get("env") or {}).get("dtype") or "float32"
+    return str(dtype).lower().removeprefix("torch.") in LOW_PRECISION_DTYPES
+
+
+def check_correctness(result: dict, min_match_fraction: float) -> MetricCheck:
+    """fp32: ``exact_match`` must hold; bf16/fp16: ``match_fraction`` >= ``min_match_fraction``."""
+    corr = result.get("correctness") or {}
+    low = is_low_precision(result)
+    name = "match_fraction" if low else "exact_match"
+    match_fraction = corr.get("match_fraction")
+    if not corr.get("checked"):
+        return MetricCheck(name, HIGHER_IS_BETTER, None, match_fraction, None, "skipped",
+                           "outputs not checked against plain decoding (lossy rule or sampling)")
+    requests = result.get("requests") or []
+    diverged = [(i, pos) for i, pos in enumerate(corr.get("first_divergence") or []) if pos is not None]
+    if diverged:
+        i, pos = diverged[0]
+        prompt_id = requests[i].get("prompt_id", i) if i < len(requests) else i
+        where = (f"request {prompt_id!r} (#{i}) first diverges at output position {pos}; "
+                 f"{len(diverged)} of {len(corr['first_divergence'])} requests diverge")
+    else:
+        where = "outputs differ (no per-request divergence positions recorded)"
+    measured = match_fraction if match_fraction is not None else math.nan
+    if not low:
+        if corr.get("exact"):
+            return MetricCheck(name, HIGHER_IS_BETTER, 1.0, measured, None, "pass",
+                               "every request identical to plain decoding")
+        return MetricCheck(name, HIGHER_IS_BETTER, 1.0, measured, None, "fail",
+                           f"fp32 speculative output differs from plain decoding: {where}")
+    if corr.get("exact"):
+        return MetricCheck(name, HIGHER_IS_BETTER, min_match_fraction, measured, None, "pass",
+                           "every request identical to plain decoding")
+    if not math.isfinite(measured) or measured < min_match_fraction:
+        return MetricCheck(name, HIGHER_IS_BETTER, min_match_fraction, measured, None, "fail",
+                           f"match fraction {_fmt(measured)} is under the minimum {_fmt(min_match_fraction)} "
+                           f"(tolerance 'min_match_fraction'); {where}")
+    return MetricCheck(name, HIGHER_IS_BETTER, min_match_fraction, measured, None, "pass",
+                       f"at or above the minimum {_fmt(min_match_fraction)} (tolerance 'min_match_fraction'); {where}")
+
+
+def _measured(metrics: dict, name: str, position: int | None) -> float:
+    value = metrics.get(name)
+    if position is not None:
+        rates = value or []
+        if position < len(rates):
+            value = rates[position]
+        else:  # the run never drafted that deep: rate 0 if it drafted at all
+            value = 0.0 if metrics.get("num_drafts") else None
+    return math.nan if value is None else float(value)
+
+
+def compare_entry(result: dict, entry: dict | None, *, tolerances: dict | None = None,
+                  confidence: float = DEFAULT_CONFIDENCE, num_resamples: int = DEFAULT_NUM_RESAMPLES,
+                  seed: int = 0, baseline_path: str | None = None) -> GateReport:
+    """Gate ``result`` against one stored case entry (``None``: no baseline); see specbench.baselines."""
+    case = result.get("case") or {}
+    case_id = result.get("case_id") or f"{case.get('suite')}/{case.get('name')}"
+    hardware_class = (result.get("env") or {}).get("hardware_class")
+    tol = resolve_tolerances((entry or {}).get("tolerances"), tolerances)
+    metrics, requests = result.get("metrics") or {}, result.get("requests") or []
+    report = GateReport(case_id, hardware_class, baseline_path=baseline_path, has_baseline=entry is not None)
+
+    def gate(name, position, base_metrics, base_requests, missing_reason=None, missing_status="no_baseline"):
+        label = name if position is None else f"{name}[{position}]"
+        direction, measured = DIRECTIONS[name], _measured(metrics, name, position)
+        check = MetricCheck(label, direction, None, measured, tol[name], missing_status,
+                            confidence=confidence, case_id=case_id)
+        if base_metrics is None:
+            check.reason = missing_reason or ""
+        elif name in SPEED_METRICS and not math.isfinite(measured):
+            check.status, check.reason = "skipped", "not measured in this run"
+        else:
+            check.baseline = _measured(base_metrics, name, position)
+            if math.isfinite(check.baseline):
+                check.ci = bootstrap_interval(requests, base_requests, check.baseline, name, position=position,
+                                              confidence=confidence, num_resamples=num_resamples, seed=seed)
+            check.status, check.reason = judge(label, direction, check.baseline, measured, tol[name], check.ci)
+        report.checks.append(check)
+
+    no_entry = f"no baseline stored for {case_id}" + (f" in {baseline_path}" if baseline_path else "")
+    quality = (entry or {}).get("quality")
+    base_quality = quality["metrics"] if quality else None
+    for name in ("acceptance_rate", "mean_acceptance_length"):
+        gate(name, None, base_quality, quality and quality["requests"], no_entry)
+    num_positions = max(len(metrics.get("per_position_acceptance_rate") or []),
+                        len((base_quality or {}).get("per_position_acceptance_rate") or []))
+    for i in range(num_positions):
+        gate("per_position_acceptance_rate", i, base_quality, quality and quality["requests"], no_entry)
+
+    speed_by_class = (entry or {}).get("speed") or {}
+    speed = speed_by_class.get(hardware_class) if hardware_class else None
+    for name in SPEED_METRICS:
+        if entry is None:
+            gate(name, None, None, None, no_entry)
+        elif speed is None:
+            have = ", ".join(sorted(speed_by_class)) or "none"
+            why = (f"no baseline for hardware class {hardware_class} (have: {have})" if hardware_class
+                   else "the result has no env.hardware_class")
+            gate(name, None, None, None, why, missing_status="skipped")
+        else:
+            gate(name, None, speed["metrics"], speed["requests"])
+
+    correctness = check_correctness(result, tol["min_match_fraction"])
+    correctness.case_id, correctness.confidence = case_id, confidence
+    report.checks.append(correctness)
+    return report

@@ -1,0 +1,1 @@
+"""Prompt-set internals behind :mod:`specbench.datasets` (record sources and file parsing)."""
