@@ -112,18 +112,25 @@ def format_baseline_file(data: dict) -> str:
 
 def _require(obj, keys, where: str, path: Path, kind=dict):
     if not isinstance(obj, kind):
-        raise BaselineFileError(f"{path}: '{where}' must be a JSON {'object' if kind is dict else 'array'}, "
-                                f"found {type(obj).__name__}; {REGENERATE_HINT}")
+        raise BaselineFileError(f"{path}: '{where or '<top level>'}' must be a JSON "
+                                f"{'object' if kind is dict else 'array'}, found {type(obj).__name__}; {REGENERATE_HINT}")
     for key in keys:
         if key not in obj:
-            raise BaselineFileError(f"{path}: missing key '{where}.{key}' (expected {list(keys)}, found "
-                                    f"{sorted(obj)}); {REGENERATE_HINT}")
+            raise BaselineFileError(f"{path}: missing key '{where + '.' if where else ''}{key}' (expected "
+                                    f"{list(keys)}, found {sorted(obj)}); {REGENERATE_HINT}")
     return obj
+
+
+def _is_number(x) -> bool:
+    return x is None or (isinstance(x, (int, float)) and not isinstance(x, bool))  # null: NaN when recorded
 
 
 def _validate_section(section, where, path, metric_names, request_fields, extra_keys=()):
     _require(section, ("metrics", "requests", "provenance", *extra_keys), where, path)
-    _require(section["metrics"], metric_names, f"{where}.metrics", path)
+    for name, value in _require(section["metrics"], metric_names, f"{where}.metrics", path).items():
+        if not all(map(_is_number, value if isinstance(value, list) else [value])):
+            raise BaselineFileError(f"{path}: key '{where}.metrics.{name}' must be a number, null or a list of "
+                                    f"numbers, found {value!r}; {REGENERATE_HINT}")
     for i, request in enumerate(_require(section["requests"], (), f"{where}.requests", path, kind=list)):
         _require(request, request_fields, f"{where}.requests[{i}]", path)
     _require(section["provenance"], PROVENANCE_FIELDS, f"{where}.provenance", path)
@@ -131,7 +138,7 @@ def _validate_section(section, where, path, metric_names, request_fields, extra_
 
 def validate_baseline_file(data, path: Path) -> dict:
     """Raise BaselineFileError naming the file and the first missing or mistyped key."""
-    _require(data, ("schema", "suite", "cases"), "<top>", path)
+    _require(data, ("schema", "suite", "cases"), "", path)
     if data["schema"] != SCHEMA_VERSION:
         raise BaselineFileError(f"{path}: key 'schema' is {data['schema']!r}, expected {SCHEMA_VERSION}; {REGENERATE_HINT}")
     for name, entry in _require(data["cases"], (), "cases", path).items():
@@ -242,13 +249,11 @@ class DiffLine:
         return self.old != self.new
 
     def format(self) -> str:
-        def show(v):
-            return "none" if v is None else f"{v:.6g}" if isinstance(v, float) else str(v)
+        show = lambda v: "none" if v is None else f"{v:.6g}" if isinstance(v, float) else str(v)  # noqa: E731
         if not self.changed:
             return f"{self.section} {self.metric}: {show(self.new)} (unchanged)"
-        relative = ""
-        if isinstance(self.old, (int, float)) and isinstance(self.new, (int, float)) and self.old:
-            relative = f" ({(self.new - self.old) / abs(self.old) * 100:+.1f}%)"
+        numbers = all(isinstance(v, (int, float)) for v in (self.old, self.new)) and self.old
+        relative = f" ({(self.new - self.old) / abs(self.old) * 100:+.1f}%)" if numbers else ""
         return f"{self.section} {self.metric}: {show(self.old)} -> {show(self.new)}{relative}"
 
 
@@ -299,10 +304,6 @@ def _sections(result: dict, command: str) -> tuple[dict, dict]:
     return _canonical(quality), _canonical(speed)
 
 
-def _without_provenance(section: dict | None) -> dict | None:
-    return None if section is None else {k: v for k, v in section.items() if k != "provenance"}
-
-
 def _metric_lines(section: str, names, old: dict | None, new: dict) -> list[DiffLine]:
     lines = []
     for name in names:
@@ -339,7 +340,8 @@ def write_text_atomic(path: str | os.PathLike, text: str) -> None:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
-            os.fchmod(f.fileno(), 0o644)  # mkstemp's 0600 would make a reviewed file unreadable to others
+            # keep the file's mode; mkstemp's 0600 would make a new reviewed file unreadable to others
+            os.fchmod(f.fileno(), path.stat().st_mode & 0o777 if path.exists() else 0o644)
             f.write(text)
             f.flush()
             os.fsync(f.fileno())  # data on disk before the rename makes it visible
@@ -395,7 +397,7 @@ def update_baseline(result: dict, store_dir=None, *, command: str) -> BaselineDi
                                   + ", ".join(sorted(set(old_speed) - {hardware_class})))
             old_speed = {hardware_class: old_speed[hardware_class]} if hardware_class in old_speed else {}
         old_quality = old["quality"] if old else None
-        if old_quality is not None and not changes and _without_provenance(old_quality) == _without_provenance(quality):
+        if old_quality is not None and not changes and {**old_quality, "provenance": None} == {**quality, "provenance": None}:
             quality = old_quality  # unchanged: keep when and where it was first recorded
             diff.notes.append(f"quality unchanged; kept its provenance ({old_quality['provenance']['date']})")
         diff.lines += _metric_lines("quality", QUALITY_METRICS, old_quality and old_quality["metrics"], quality["metrics"])

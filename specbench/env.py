@@ -31,8 +31,10 @@ def environment_fingerprint(device: str | None = None, dtype: str | None = None)
     ``device`` ("cpu", "cuda", "cuda:1"; None = the first GPU if any, recorded as resolved) picks
     the GPU described; ``dtype`` is recorded as "bfloat16" whether given as a string or a torch.dtype."""
     gpu_index = _gpu_index(device)
-    if device is None:
-        device = f"cuda:{gpu_index}" if gpu_index is not None else "cpu"
+    if gpu_index is not None:
+        device = f"cuda:{gpu_index}"  # "cuda" alone would not say which GPU was described
+    elif device is None:
+        device = "cpu"
     gpu_name = _gpu_name(gpu_index) if gpu_index is not None else None
     memory_bytes = _gpu_memory_bytes(gpu_index) if gpu_index is not None else None
     commit, dirty = _git_state()
@@ -161,8 +163,11 @@ def _git_state() -> tuple[str | None, bool | None]:
     if not toplevel or Path(toplevel).resolve() != _PROJECT_ROOT:
         return None, None
     commit = _run(["git", "-C", str(_PROJECT_ROOT), "rev-parse", "HEAD"])
+    if not commit:  # a repository without commits
+        return None, None
+    # untracked files are not counted, as `git describe --dirty` does not count them
     status = _run(["git", "-C", str(_PROJECT_ROOT), "status", "--porcelain", "--untracked-files=no"])
-    return commit or None, (bool(status) if status is not None else None)
+    return commit, (bool(status) if status is not None else None)
 
 
 def _run(command: list[str]) -> str | None:

@@ -25,25 +25,13 @@ baseline" is exactly "the difference is significantly negative". With fewer than
 no interval and the tolerance alone decides (greedy fp32 runs are deterministic, so that is sound there).
 
 Confidence is 99%, not 95%: when noise is as large as the tolerance, a false alarm needs the measured
-value beyond the interval's far end, probability (1 - confidence) / 2 per check; a suite gates ~10
-metrics per case over dozens of cases, and at 95% that is a spurious red run every few runs. A real
-30% drop sits far outside either interval, so the wider one costs little power.
+value beyond the interval's far end, probability (1 - confidence) / 2 per check: 2.5% at 95%, which a
+suite with a few dozen noisy checks (sampling cases, timings) turns into a red run about every other
+run; 0.5% at 99%. A real 30% drop sits far outside either interval, so the wider one costs little power.
 
-Default tolerances (relative) and why:
-- quality 5%: vLLM's per-position acceptance tolerance for its EAGLE-3 baselines (FIELD_NOTES §1).
-  Quality is hardware-independent, so it is gated everywhere.
-- speedup 10%: spec and plain timings come from the same run on the same machine, so clock, thermal and
-  co-tenant drift cancel to first order; what remains is scheduling jitter.
-- tokens_per_s, per_token_latency_s 15%: absolute timings move with GPU clocks, driver and co-tenants
-  between runs on the same hardware class, and nothing cancels them.
-- time_to_first_token_s 20%: one prefill per request averages fewer timings than per-token figures and
-  carries one-off costs (allocator growth, lazy initialisation).
-Speed metrics are gated only against a baseline of the same ``env.hardware_class``.
-
-Lossless correctness: in fp32 a checked run must be exact (any divergence fails, naming request and
-position). In bf16/fp16 batching k tokens changes rounding (Medusa #56), so the match fraction is gated
-by a minimum (default 0.5: rounding drift diverges somewhere in a long output, while a broken
-verification path diverges at the first draft and scores near 0).
+Speed is gated only against a baseline of the same ``env.hardware_class``; quality everywhere. Lossless
+correctness: a checked fp32 run must be exact (any divergence fails, naming request and position); in
+bf16/fp16 batching k tokens changes rounding (Medusa #56), so the match fraction is gated by a minimum.
 """
 
 from __future__ import annotations
@@ -60,23 +48,22 @@ LOWER_IS_BETTER = "lower_is_better"
 QUALITY_METRICS = ("acceptance_rate", "mean_acceptance_length", "per_position_acceptance_rate")
 SPEED_METRICS = ("tokens_per_s", "speedup", "time_to_first_token_s", "per_token_latency_s")
 DIRECTIONS = {
-    "acceptance_rate": HIGHER_IS_BETTER,
-    "mean_acceptance_length": HIGHER_IS_BETTER,
-    "per_position_acceptance_rate": HIGHER_IS_BETTER,
-    "tokens_per_s": HIGHER_IS_BETTER,
-    "speedup": HIGHER_IS_BETTER,
-    "time_to_first_token_s": LOWER_IS_BETTER,
-    "per_token_latency_s": LOWER_IS_BETTER,
+    **dict.fromkeys(("acceptance_rate", "mean_acceptance_length", "per_position_acceptance_rate", "tokens_per_s",
+                     "speedup"), HIGHER_IS_BETTER),
+    **dict.fromkeys(("time_to_first_token_s", "per_token_latency_s"), LOWER_IS_BETTER),
 }
-# reasons in the module docstring
-DEFAULT_TOLERANCES = {
-    "acceptance_rate": 0.05,
-    "mean_acceptance_length": 0.05,
-    "per_position_acceptance_rate": 0.05,
+DEFAULT_TOLERANCES = {  # relative, overridable per case in the baseline file
+    # vLLM's per-position acceptance tolerance for its EAGLE-3 baselines (FIELD_NOTES §1)
+    "acceptance_rate": 0.05, "mean_acceptance_length": 0.05, "per_position_acceptance_rate": 0.05,
+    # spec and plain are timed in the same run on the same machine: clock, thermal and co-tenant drift
+    # cancel to first order, scheduling jitter remains
     "speedup": 0.10,
-    "tokens_per_s": 0.15,
-    "per_token_latency_s": 0.15,
+    # absolute timings move with GPU clocks, driver and co-tenants between runs on one hardware class
+    "tokens_per_s": 0.15, "per_token_latency_s": 0.15,
+    # one prefill per request averages fewer timings and carries one-off costs (allocator growth, lazy init)
     "time_to_first_token_s": 0.20,
+    # bf16/fp16 rounding drift diverges somewhere in a long output; a broken verification path diverges
+    # at the first draft and scores near 0
     "min_match_fraction": 0.5,
 }
 DEFAULT_CONFIDENCE = 0.99

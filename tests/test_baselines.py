@@ -113,9 +113,18 @@ def test_missing_key_names_the_file_and_the_key(tmp_path, key_path):
         parent = parent[key]
     del parent[key_path[-1]]
     (tmp_path / "medusa.json").write_text(json.dumps(data))
-    dotted = ".".join(("<top>",) + key_path) if len(key_path) == 1 else ".".join(key_path)
-    with pytest.raises(BaselineFileError, match=rf"medusa\.json: missing key '{dotted}'.*regenerate"):
+    with pytest.raises(BaselineFileError, match=rf"medusa\.json: missing key '{'.'.join(key_path)}'.*regenerate"):
         BaselineStore(tmp_path).entry(f"medusa/{CASE}")
+
+
+def test_non_numeric_metric_in_the_file_is_an_error(tmp_path):
+    update_baseline(make_result(seed=0), tmp_path, command="x")
+    data = _stored(tmp_path)
+    data["cases"][CASE]["quality"]["metrics"]["per_position_acceptance_rate"][1] = "0.5"
+    (tmp_path / "medusa.json").write_text(format_baseline_file(data))
+    with pytest.raises(BaselineFileError, match=rf"key 'cases.{CASE}.quality.metrics.per_position_acceptance_rate' "
+                                                r"must be a number, null or a list of numbers"):
+        compare(make_result(seed=0), tmp_path)
 
 
 def test_misspelt_tolerance_in_the_file_is_an_error(tmp_path):

@@ -276,3 +276,23 @@ def test_embedded_set_is_read_from_the_package_resource(tmp_path, monkeypatch):
     loaded = load_prompts("tiny-embedded")
     assert (loaded.source, [p.text for p in loaded]) == ("embedded", ["embedded one"])
     assert "tiny-embedded" in known_prompt_sets()
+
+
+def test_hub_is_tried_first_and_its_train_split_gives_the_exemplars(tmp_path, monkeypatch):
+    hub = {
+        "test": [{"question": "hub q", "answer": "#### 1"}],
+        "train": [{"question": "hub train q", "answer": "hub train a"}],
+    }
+    asked = []
+
+    def fake_hub(hub_id, config, split):
+        asked.append((hub_id, config, split))
+        return hub[split], ""
+
+    monkeypatch.setattr(sb_datasets.sources, "load_hub_split", fake_hub)
+    (tmp_path / "gsm8k").mkdir()
+    _write_jsonl(tmp_path / "gsm8k/test.jsonl", [{"question": "local q", "answer": "#### 2"}])
+    loaded = load_prompts("gsm8k", data_dir=str(tmp_path))
+    assert asked == [("openai/gsm8k", "main", "test"), ("openai/gsm8k", "main", "train")]
+    assert (loaded.source, loaded.notes) == ("hub", ())
+    assert loaded.prompts[0].text == "Question: hub train q\nAnswer: hub train a\n\nQuestion: hub q\nAnswer:"

@@ -56,7 +56,8 @@ def test_cpu_machine_has_cpu_hardware_class_and_no_gpu_facts():
 
 
 def test_cpu_device_is_cpu_class_even_with_a_gpu():
-    assert environment_fingerprint(device="cpu")["hardware_class"] == "cpu"
+    fingerprint = environment_fingerprint(device="cpu")
+    assert (fingerprint["device"], fingerprint["hardware_class"], fingerprint["gpu_name"]) == ("cpu", "cpu", None)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -64,7 +65,7 @@ def test_gpu_memory_is_binary_gib_of_total_memory():
     total = torch.cuda.get_device_properties(0).total_memory
     assert gpu_memory_gib(0) == total / 2**30
     fingerprint = environment_fingerprint(device="cuda:0")
-    assert fingerprint["gpu_memory_bytes"] == total
+    assert fingerprint["gpu_memory_bytes"] == total and fingerprint["device"] == "cuda:0"
     assert fingerprint["hardware_class"] == hardware_class(torch.cuda.get_device_name(0)) != "cpu"
 
 
@@ -89,6 +90,13 @@ def test_git_state_is_none_outside_the_checkout(monkeypatch, tmp_path):
     monkeypatch.setattr(env, "_PROJECT_ROOT", tmp_path)
     fingerprint = environment_fingerprint()
     assert (fingerprint["git_commit"], fingerprint["git_dirty"]) == (None, None)
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="needs the git command")
+def test_git_state_is_none_in_a_repository_without_commits(monkeypatch, tmp_path):
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    monkeypatch.setattr(env, "_PROJECT_ROOT", tmp_path.resolve())
+    assert env._git_state() == (None, None)
 
 
 def test_missing_tools_give_none_not_errors(monkeypatch):

@@ -112,7 +112,7 @@ def _validated_paths(paths: Sequence[Sequence[int]], where: str) -> tuple[tuple[
         if key in seen:
             raise ValueError(f"{where}: path {list(path)} appears twice; remove the duplicate")
         seen.add(key)
-    for path in seen:
+    for path in map(tuple, paths):  # the given order, so the first offending path is reported
         for depth in range(1, len(path)):
             if path[:depth] not in seen:
                 raise ValueError(

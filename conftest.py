@@ -1,0 +1,1 @@
+"""Repository-level pytest configuration: the repo root on sys.path, so tests import `tests.*` helpers."""

@@ -1,0 +1,215 @@
+"""Run a case: plain and speculative decoding through the same engine in the same process,
+per-request records, aggregate metrics with speedup, a lossless check, and the environment."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import math
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from specbench.cases import Case
+from specbench.checkpoints.tiny import BUILTIN_TARGETS, synthetic_prompts
+from specbench.engine.decode import Decoder, GenerationConfig, GenerationResult
+from specbench.engine.hf_target import HFTarget
+from specbench.engine.sampling import SamplingParams
+from specbench.env import environment_fingerprint
+from specbench.metrics import aggregate
+from specbench.proposers import create_proposer
+
+RESULT_SCHEMA_VERSION = 1
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def parse_dtype(name: str) -> torch.dtype:
+    if name not in DTYPES:
+        raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {name!r}")
+    return DTYPES[name]
+
+
+def load_target(case: Case):
+    """(HFTarget, tokenizer or None) for the case's target reference."""
+    dtype = parse_dtype(case.dtype)
+    if case.target in BUILTIN_TARGETS:
+        return HFTarget(BUILTIN_TARGETS[case.target](dtype).to(case.device)), None
+    from specbench.checkpoints.resolve import load_target_model, resolve_model_dir
+
+    model = load_target_model(case.target, dtype=dtype, device=case.device)
+    directory = resolve_model_dir(case.target)
+    tokenizer = None
+    if any((directory / name).exists() for name in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(directory)
+    return HFTarget(model), tokenizer
+
+
+def load_prompt_ids(case: Case, tokenizer, vocab_size: int) -> list[tuple[str, list[int]]]:
+    spec = dict(case.prompts)
+    name = spec.pop("name")
+    num_prompts = spec.pop("num_prompts", None)
+    if name == "synthetic":
+        prompts = synthetic_prompts(num_prompts or 8, vocab_size=vocab_size, seed=spec.pop("seed", 0))
+        return [(f"synthetic-{i}", ids) for i, ids in enumerate(prompts)]
+    from specbench.datasets import load_prompts
+
+    if tokenizer is None:
+        raise ValueError(
+            f"case {case.case_id}: target {case.target!r} has no tokenizer, so prompt set {name!r} cannot be "
+            "tokenised; use prompts = {{name = \"synthetic\"}} or a JSONL file of prompt_token_ids"
+        )
+    prompt_set = load_prompts(
+        name,
+        num_prompts=num_prompts,
+        n_shot=spec.pop("n_shot", 1),
+        tokenizer=tokenizer,
+        chat_template=spec.pop("chat_template", False),
+    )
+    return [(p.id, p.token_ids) for p in prompt_set]
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return min(len(a), len(b))
+
+
+def lossless_report(plain: list[list[int]], spec: list[list[int]], checked: bool) -> dict:
+    """Compare speculative with plain outputs. match_fraction = tokens before the first divergence
+    / plain output tokens, pooled over requests (1.0 = identical)."""
+    first_divergence = []
+    matched = 0
+    for p, s in zip(plain, spec):
+        prefix = _common_prefix(p, s)
+        matched += prefix
+        first_divergence.append(None if p == s else prefix)
+    total = sum(len(p) for p in plain)
+    return {
+        "checked": checked,
+        "exact": all(d is None for d in first_divergence),
+        "match_fraction": matched / total if total else 1.0,
+        "first_divergence": first_divergence,
+    }
+
+
+@dataclass
+class RunResult:
+    case: Case
+    metrics: dict
+    requests: list[dict]
+    correctness: dict
+    env: dict
+    created_at: str
+
+    def to_dict(self) -> dict:
+        return {
+            "schema": RESULT_SCHEMA_VERSION,
+            "case": self.case.to_dict(),
+            "case_id": self.case.case_id,
+            "metrics": self.metrics,
+            "requests": self.requests,
+            "correctness": self.correctness,
+            "env": self.env,
+            "created_at": self.created_at,
+        }
+
+
+def _nan_to_none(value):
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _nan_to_none(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_nan_to_none(v) for v in value]
+    return value
+
+
+def to_json(result: dict) -> str:
+    """Strict JSON (NaN becomes null, as the result schema says)."""
+    return json.dumps(_nan_to_none(result), indent=2, sort_keys=True, allow_nan=False)
+
+
+def write_json_atomic(path: str | os.PathLike, text: str) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text + "\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _request_record(prompt_id: str, spec: GenerationResult, plain: GenerationResult) -> dict:
+    counters = spec.counters
+    return {
+        "prompt_id": prompt_id,
+        "output_token_ids": spec.output_token_ids,
+        "plain_output_token_ids": plain.output_token_ids,
+        "num_drafts": counters.num_drafts,
+        "num_draft_tokens": counters.num_draft_tokens,
+        "num_accepted_tokens": counters.num_accepted_tokens,
+        "accepted_per_position": counters.accepted_per_position,
+        "acceptance_rate": counters.acceptance_rate,
+        "mean_acceptance_length": counters.mean_acceptance_length,
+        "tokens_per_s": spec.timing.tokens_per_s,
+        "plain_tokens_per_s": plain.timing.tokens_per_s,
+        "time_to_first_token_s": spec.timing.time_to_first_token_s,
+        "finish_reason": spec.finish_reason,
+    }
+
+
+def run_case(case: Case, *, progress: bool = True, target=None, tokenizer=None) -> RunResult:
+    """Run ``case`` (plain, then speculative, per prompt, alternating so drift hits both alike)."""
+    if target is None:
+        target, tokenizer = load_target(case)
+    proposer_options = dict(case.proposer)
+    proposer_name = proposer_options.pop("name")
+    proposer = None if proposer_name == "none" else create_proposer(proposer_name, target, **proposer_options)
+    sampling = SamplingParams(**case.sampling)
+    eos = ()
+    if tokenizer is not None and tokenizer.eos_token_id is not None:
+        eos = (int(tokenizer.eos_token_id),)
+    config = GenerationConfig(
+        max_new_tokens=case.max_new_tokens, sampling=sampling, ignore_eos=case.ignore_eos, eos_token_ids=eos, seed=case.seed
+    )
+    plain_decoder = Decoder(target, None, config)
+    spec_decoder = Decoder(target, proposer, config)
+    prompts = load_prompt_ids(case, tokenizer, target.vocab_size)
+
+    # warm-up: first calls pay for allocator growth and kernel selection; keep them out of timings
+    warm = GenerationConfig(max_new_tokens=min(4, case.max_new_tokens), sampling=sampling, seed=case.seed)
+    Decoder(target, None, warm).generate(prompts[0][1])
+    Decoder(target, proposer, warm).generate(prompts[0][1])
+
+    plain_results, spec_results, records = [], [], []
+    for index, (prompt_id, ids) in enumerate(tqdm(prompts, desc=case.case_id, unit="prompt", disable=not progress)):
+        plain = plain_decoder.generate(ids, seed=case.seed + index)
+        spec = spec_decoder.generate(ids, seed=case.seed + index)
+        plain_results.append(plain)
+        spec_results.append(spec)
+        records.append(_request_record(prompt_id, spec, plain))
+
+    metrics = aggregate([r.counters for r in spec_results], [r.timing for r in spec_results])
+    plain_metrics = aggregate([r.counters for r in plain_results], [r.timing for r in plain_results])
+    metrics["plain_tokens_per_s"] = plain_metrics["tokens_per_s"]
+    metrics["speedup"] = metrics["tokens_per_s"] / plain_metrics["tokens_per_s"]
+    # only greedy verification promises identical outputs; sampled runs differ legitimately
+    correctness = lossless_report(
+        [r.output_token_ids for r in plain_results], [r.output_token_ids for r in spec_results], checked=sampling.rule == "greedy"
+    )
+    env = environment_fingerprint(device=case.device, dtype=case.dtype)
+    env["proposer"] = proposer.describe() if proposer else {"name": "none"}
+    created_at = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return RunResult(case, metrics, records, correctness, env, created_at)
