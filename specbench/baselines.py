@@ -39,8 +39,8 @@ from specbench.gates import (
 SCHEMA_VERSION = 1
 FLOAT_SIGNIFICANT_DIGITS = 6
 BASELINES_DIR_ENV = "SPECBENCH_BASELINES_DIR"
-# keys of a case dict that do not change what is measured, so changing them keeps the baseline valid
-NON_DEFINING_CASE_KEYS = ("gates", "description")
+# case keys that decide how a run is judged or scheduled, not what it measures: editing them keeps the baseline
+NON_DEFINING_CASE_KEYS = ("tolerances", "gate_quality", "min_gpu_gib", "description")
 REGENERATE_HINT = ("regenerate it by re-running the case with baseline updating on "
                    "(`specbench run --update-baselines`, or pytest `--update-baselines`), or restore it from git")
 
@@ -216,9 +216,10 @@ def compare(result: dict, baseline_store=None, *, tolerances: dict | None = None
             seed: int = 0) -> GateReport:
     """Gate a run result (RESULT_SCHEMA dict) against its stored baseline.
 
-    ``baseline_store``: a BaselineStore or a directory (None: the default directory). ``tolerances``
-    overrides the stored per-case ones. Raises CaseDefinitionChanged when the baseline was recorded for
-    a different case definition, BaselineFileError for a broken file.
+    ``baseline_store``: a BaselineStore or a directory (None: the default directory). Tolerances are
+    gates.DEFAULT_TOLERANCES, updated by the baseline file's per-case ``tolerances``, then the case's own
+    ``tolerances``, then the ``tolerances`` argument. Raises CaseDefinitionChanged when the baseline was
+    recorded for a different case definition, BaselineFileError for a broken file.
     """
     store = _as_store(baseline_store)
     case_id = result_case_id(result)
@@ -381,7 +382,8 @@ def update_baseline(result: dict, store_dir=None, *, command: str) -> BaselineDi
         data = store.load(suite) or {"schema": SCHEMA_VERSION, "suite": suite, "cases": {}}
         old = data["cases"].get(name)
         tolerances = (old or {}).get("tolerances") or {}
-        correctness = check_correctness(result, resolve_tolerances(tolerances)["min_match_fraction"])
+        minimum = resolve_tolerances(tolerances, (result.get("case") or {}).get("tolerances"))["min_match_fraction"]
+        correctness = check_correctness(result, minimum)
         if correctness.failed:
             raise BaselineRefused(f"refusing to store a baseline for {case_id}: {correctness.reason}. "
                                   "A baseline must come from a run that passes its correctness check; fix the "

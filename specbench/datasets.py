@@ -9,7 +9,7 @@ from importlib import resources
 from pathlib import Path
 
 from specbench.prompts import sources
-from specbench.prompts.sources import DATA_DIR_ENV
+from specbench.prompts.sources import DATA_DIR_ENV  # noqa: F401  (public: the variable's name)
 
 GSM8K_HUB_ID, GSM8K_HUB_CONFIG = "openai/gsm8k", "main"
 # Fixed relative paths under the data directory; names are never joined into paths.
@@ -19,8 +19,9 @@ SPEC_BENCH_FILE = "spec_bench/question.jsonl"
 MT_BENCH_CATEGORIES = ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities")
 SPEC_BENCH_SUBTASKS = ("mt_bench", "translation", "summarization", "qa", "math_reasoning", "rag")
 # Embedded sets shipped inside the package: name -> file under specbench/prompt_data/ holding
-# `prompt` / `prompt_token_ids` records (a later issue adds e.g. "gsm8k-embedded").
-EMBEDDED_SETS: dict[str, str] = {}
+# `prompt` / `prompt_token_ids` records. "gsm8k-embedded": original GSM8K-style questions, zero-shot,
+# for runs with no hub and no data directory (records also keep `question` and worked `answer`).
+EMBEDDED_SETS: dict[str, str] = {"gsm8k-embedded": "gsm8k_style.jsonl"}
 EMBEDDED_PACKAGE_DIR = "prompt_data"
 
 # Used only when no GSM8K train split is reachable: it is train record 0 (openai/grade-school-math,
@@ -259,7 +260,9 @@ def read_prompt_records(path: Path, label: str | None = None) -> list[Prompt]:
             or not token_ids
             or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in token_ids)
         ):
-            raise ValueError(f"{where}: key 'prompt_token_ids' must be a non-empty list of integers >= 0, found {token_ids!r:.80}")
+            raise ValueError(
+                f"{where}: key 'prompt_token_ids' must be a non-empty list of integers >= 0, found {token_ids!r:.80}"
+            )
         prompt_id = record.get("id", str(len(prompts)))
         if not isinstance(prompt_id, (str, int)) or isinstance(prompt_id, bool):
             raise ValueError(f"{where}: key 'id' must be a string or an integer, found {prompt_id!r}")
@@ -267,7 +270,8 @@ def read_prompt_records(path: Path, label: str | None = None) -> list[Prompt]:
         if category is not None and not isinstance(category, str):
             raise ValueError(f"{where}: key 'category' must be a string, found {category!r}")
         if str(prompt_id) in seen_ids:
-            raise ValueError(f"{where}: key 'id' repeats {prompt_id!r} (first used by prompt {seen_ids[str(prompt_id)]} of this file)")
+            first = seen_ids[str(prompt_id)]
+            raise ValueError(f"{where}: key 'id' repeats {prompt_id!r} (first used by prompt {first} of this file)")
         seen_ids[str(prompt_id)] = len(prompts)
         prompts.append(Prompt(id=str(prompt_id), category=category, text=text, token_ids=token_ids))
     if not prompts:
@@ -283,7 +287,9 @@ def _load_embedded(name: str) -> PromptSet:
     resource = _embedded_root().joinpath(EMBEDDED_SETS[name])
     with resources.as_file(resource) as path:
         if not path.is_file():
-            raise DatasetUnavailable(f"embedded prompt set {name!r}: {path} is missing from the installed package; reinstall specbench")
+            raise DatasetUnavailable(
+                f"embedded prompt set {name!r}: {path} is missing from the installed package; reinstall specbench"
+            )
         label = f"specbench/{EMBEDDED_PACKAGE_DIR}/{EMBEDDED_SETS[name]}"
         return PromptSet(name, "embedded", read_prompt_records(path, label), origin=label)
 

@@ -359,11 +359,17 @@ def _measured(metrics: dict, name: str, position: int | None) -> float:
 def compare_entry(result: dict, entry: dict | None, *, tolerances: dict | None = None,
                   confidence: float = DEFAULT_CONFIDENCE, num_resamples: int = DEFAULT_NUM_RESAMPLES,
                   seed: int = 0, baseline_path: str | None = None) -> GateReport:
-    """Gate ``result`` against one stored case entry (``None``: no baseline); see specbench.baselines."""
+    """Gate ``result`` against one stored case entry (``None``: no baseline); see specbench.baselines.compare.
+
+    Tolerances: defaults, then the entry's ``tolerances``, the case's ``tolerances``, the argument.
+    """
     case = result.get("case") or {}
     case_id = result.get("case_id") or f"{case.get('suite')}/{case.get('name')}"
     hardware_class = (result.get("env") or {}).get("hardware_class")
-    tol = resolve_tolerances((entry or {}).get("tolerances"), tolerances)
+    try:
+        tol = resolve_tolerances((entry or {}).get("tolerances"), case.get("tolerances"), tolerances)
+    except ValueError as err:  # the stored layer is checked on load, so the case's table is the suspect
+        raise ValueError(f"{case_id}: {err}; fix the case's 'tolerances' table") from None
     metrics, requests = result.get("metrics") or {}, result.get("requests") or []
     report = GateReport(case_id, hardware_class, baseline_path=baseline_path, has_baseline=entry is not None)
 
@@ -376,6 +382,9 @@ def compare_entry(result: dict, entry: dict | None, *, tolerances: dict | None =
             check.reason = missing_reason or ""
         elif name in SPEED_METRICS and not math.isfinite(measured):
             check.status, check.reason = "skipped", "not measured in this run"
+        elif name in QUALITY_METRICS and case.get("gate_quality") is False:
+            check.baseline = _measured(base_metrics, name, position)
+            check.status, check.reason = "skipped", "quality gating is off for this case (gate_quality = false)"
         else:
             check.baseline = _measured(base_metrics, name, position)
             if math.isfinite(check.baseline):

@@ -50,20 +50,18 @@ def load_target(case: Case):
     return HFTarget(model), tokenizer
 
 
-def load_prompt_ids(case: Case, tokenizer, vocab_size: int) -> list[tuple[str, list[int]]]:
+def load_prompt_ids(case: Case, tokenizer, vocab_size: int) -> tuple[list[tuple[str, list[int]]], dict]:
+    """(prompt id, token ids) pairs and a record of where the prompts came from."""
     spec = dict(case.prompts)
     name = spec.pop("name")
     num_prompts = spec.pop("num_prompts", None)
     if name == "synthetic":
-        prompts = synthetic_prompts(num_prompts or 8, vocab_size=vocab_size, seed=spec.pop("seed", 0))
-        return [(f"synthetic-{i}", ids) for i, ids in enumerate(prompts)]
+        seed = spec.pop("seed", 0)
+        prompts = synthetic_prompts(num_prompts or 8, vocab_size=vocab_size, seed=seed)
+        source = {"name": name, "source": "synthetic", "origin": f"specbench.checkpoints.tiny seed {seed}", "notes": []}
+        return [(f"synthetic-{i}", ids) for i, ids in enumerate(prompts)], source
     from specbench.datasets import load_prompts
 
-    if tokenizer is None:
-        raise ValueError(
-            f"case {case.case_id}: target {case.target!r} has no tokenizer, so prompt set {name!r} cannot be "
-            "tokenised; use prompts = {{name = \"synthetic\"}} or a JSONL file of prompt_token_ids"
-        )
     prompt_set = load_prompts(
         name,
         num_prompts=num_prompts,
@@ -71,7 +69,17 @@ def load_prompt_ids(case: Case, tokenizer, vocab_size: int) -> list[tuple[str, l
         tokenizer=tokenizer,
         chat_template=spec.pop("chat_template", False),
     )
-    return [(p.id, p.token_ids) for p in prompt_set]
+    if spec:
+        raise ValueError(f"case {case.case_id}: unknown prompts option(s) {sorted(spec)}; known: name, num_prompts, n_shot, chat_template, seed")
+    missing = [p.id for p in prompt_set if p.token_ids is None]
+    if missing:
+        raise ValueError(
+            f"case {case.case_id}: target {case.target!r} has no tokenizer, so the text prompts of {name!r} "
+            f"(e.g. {missing[0]!r}) cannot be tokenised; use prompts = {{name = \"synthetic\"}} or a JSONL "
+            "file of prompt_token_ids"
+        )
+    source = {"name": prompt_set.name, "source": prompt_set.source, "origin": prompt_set.origin, "notes": list(prompt_set.notes)}
+    return [(p.id, p.token_ids) for p in prompt_set], source
 
 
 def _common_prefix(a: list[int], b: list[int]) -> int:
@@ -106,6 +114,7 @@ class RunResult:
     requests: list[dict]
     correctness: dict
     env: dict
+    details: dict  # what the proposer and the prompt set resolved to (settings, source, fallbacks)
     created_at: str
 
     def to_dict(self) -> dict:
@@ -117,6 +126,7 @@ class RunResult:
             "requests": self.requests,
             "correctness": self.correctness,
             "env": self.env,
+            "details": self.details,
             "created_at": self.created_at,
         }
 
@@ -131,9 +141,9 @@ def _nan_to_none(value):
     return value
 
 
-def to_json(result: dict) -> str:
-    """Strict JSON (NaN becomes null, as the result schema says)."""
-    return json.dumps(_nan_to_none(result), indent=2, sort_keys=True, allow_nan=False)
+def to_json(result: dict, *, indent: int | None = 2) -> str:
+    """Strict JSON (NaN becomes null, as the result schema says); ``indent=None`` gives one line."""
+    return json.dumps(_nan_to_none(result), indent=indent, sort_keys=True, allow_nan=False)
 
 
 def write_json_atomic(path: str | os.PathLike, text: str) -> None:
@@ -186,7 +196,7 @@ def run_case(case: Case, *, progress: bool = True, target=None, tokenizer=None) 
     )
     plain_decoder = Decoder(target, None, config)
     spec_decoder = Decoder(target, proposer, config)
-    prompts = load_prompt_ids(case, tokenizer, target.vocab_size)
+    prompts, prompt_source = load_prompt_ids(case, tokenizer, target.vocab_size)
 
     # warm-up: first calls pay for allocator growth and kernel selection; keep them out of timings
     warm = GenerationConfig(max_new_tokens=min(4, case.max_new_tokens), sampling=sampling, seed=case.seed)
@@ -210,6 +220,6 @@ def run_case(case: Case, *, progress: bool = True, target=None, tokenizer=None) 
         [r.output_token_ids for r in plain_results], [r.output_token_ids for r in spec_results], checked=sampling.rule == "greedy"
     )
     env = environment_fingerprint(device=case.device, dtype=case.dtype)
-    env["proposer"] = proposer.describe() if proposer else {"name": "none"}
+    details = {"proposer": proposer.describe() if proposer else {"name": "none"}, "prompts": prompt_source}
     created_at = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-    return RunResult(case, metrics, records, correctness, env, created_at)
+    return RunResult(case, metrics, records, correctness, env, details, created_at)

@@ -190,7 +190,8 @@ def test_jsonl_with_text_and_with_token_ids(tmp_path):
     assert texts.source == "file"
     assert texts.prompts == [Prompt("0", None, "Hi"), Prompt("b", "c", "yo")]
 
-    ids_file = _write_jsonl(tmp_path / "ids.jsonl", [{"prompt_token_ids": [5, 6, 7]}, {"prompt_token_ids": [8]}, {"prompt_token_ids": [9]}])
+    ids_records = [{"prompt_token_ids": [5, 6, 7]}, {"prompt_token_ids": [8]}, {"prompt_token_ids": [9]}]
+    ids_file = _write_jsonl(tmp_path / "ids.jsonl", ids_records)
     ids = load_prompts(str(ids_file), num_prompts=2)
     assert [p.token_ids for p in ids] == [[5, 6, 7], [8]] and ids.prompts[0].text is None
     assert ids.prompts[0].to_token_ids() == [5, 6, 7]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import socket
 import subprocess
@@ -20,9 +21,9 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 def _git(*args: str) -> str | None:
     if shutil.which("git") is None:
         return None
-    done = subprocess.run(
-        ["git", "-C", str(REPO_ROOT), *args], capture_output=True, text=True, env={"GIT_OPTIONAL_LOCKS": "0", "PATH": "/usr/bin:/bin"}
-    )
+    # GIT_OPTIONAL_LOCKS=0: reading the status must not rewrite the checkout's index
+    git_env = {**os.environ, "GIT_OPTIONAL_LOCKS": "0"}
+    done = subprocess.run(["git", "-C", str(REPO_ROOT), *args], capture_output=True, text=True, env=git_env)
     return done.stdout.strip() if done.returncode == 0 else None
 
 

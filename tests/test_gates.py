@@ -137,6 +137,16 @@ def test_bf16_match_fraction_is_gated_by_the_minimum(store):
     assert stricter.check("match_fraction").status == "fail"
 
 
+def test_gate_quality_false_reports_quality_without_gating_it(store):
+    result = make_result(seed=0, accept_scale=0.5, speed_scale=0.5)
+    result["case"]["gate_quality"] = False  # random-weight targets: acceptance means nothing
+    report = compare(result, store)
+    check = report.check("acceptance_rate")
+    assert check.status == "skipped" and "gate_quality = false" in check.reason
+    assert check.baseline is not None and check.measured < check.baseline  # still reported
+    assert report.check("tokens_per_s").status == "regression"  # speed is still gated
+
+
 def test_unchecked_correctness_is_skipped(tmp_path):
     result = make_result(seed=0)
     result["correctness"] = {"checked": False, "exact": False, "match_fraction": 0.1, "first_divergence": []}
@@ -161,6 +171,14 @@ def test_tolerance_overrides_and_validation(store):
     loose = compare(dropped, store, tolerances={"acceptance_rate": 0.5})  # a 30% drop is within 50%
     assert loose.check("acceptance_rate").status == "pass"
     assert loose.check("acceptance_rate").tolerance == 0.5
+    dropped["case"]["tolerances"] = {"acceptance_rate": 0.5}  # the case's own table, not part of its definition
+    from_case = compare(dropped, store)
+    assert from_case.check("acceptance_rate").status == "pass"
+    assert from_case.check("mean_acceptance_length").status == "regression"  # other metrics keep their default
+    assert compare(dropped, store, tolerances={"acceptance_rate": 0.05}).check("acceptance_rate").failed
+    dropped["case"]["tolerances"] = {"acceptance": 0.1}
+    with pytest.raises(ValueError, match="medusa/medusa-chain-k3: unknown tolerance 'acceptance'.*'tolerances' table"):
+        compare(dropped, store)
     with pytest.raises(ValueError, match="unknown tolerance 'acceptance'"):
         resolve_tolerances({"acceptance": 0.1})
     with pytest.raises(ValueError, match="must be a number >= 0"):

@@ -31,6 +31,13 @@ def plain_output(model):
     return Decoder(HFTarget(model), None, GenerationConfig(max_new_tokens=40)).generate(PROMPT).output_token_ids
 
 
+@pytest.fixture(scope="module")
+def reference(model):
+    """Prompt + 48 greedy tokens: enough for 40 output tokens plus 5 heads looking ahead."""
+    output = Decoder(HFTarget(model), None, GenerationConfig(max_new_tokens=48)).generate(PROMPT).output_token_ids
+    return PROMPT.tolist() + output
+
+
 def random_heads(num_heads=5, has_vocab_projection=True, seed=1) -> MedusaHeads:
     """Heads whose every parameter matters: non-zero residual weights and biases."""
     config = MedusaHeadsConfig(num_heads, 1, HIDDEN, VOCAB, has_vocab_projection)
@@ -95,10 +102,13 @@ class OracleMedusa(MedusaProposer):
         self.reference = reference
         self.true_ranks = true_ranks
 
+    def step_ranks(self):
+        return self.true_ranks
+
     def propose(self, state):
         length = state.token_ids.numel()  # reference[length + i] is head i's true token
         rows = []
-        for i, rank in enumerate(self.true_ranks):
+        for i, rank in enumerate(self.step_ranks()):
             true = self.reference[length + i]
             ranking = [(true + 1 + j) % VOCAB for j in range(5)]  # wrong tokens
             if rank is not None:
@@ -107,6 +117,33 @@ class OracleMedusa(MedusaProposer):
             logits[ranking] = torch.arange(len(ranking), 0, -1, dtype=torch.float)  # best first
             rows.append(logits)
         return self.draft_from_logits(torch.stack(rows))
+
+
+class NoisyOracle(OracleMedusa):
+    """Right at a random rank or wrong, afresh each step: acceptances of every length occur."""
+
+    def __init__(self, heads, reference, num_heads, **options):
+        super().__init__(heads, reference, None, **options)
+        self.generator = torch.Generator().manual_seed(0)
+        self.num_heads = num_heads
+
+    def step_ranks(self):
+        choices = (0, 0, 0, 1, 2, None)
+        picks = torch.randint(len(choices), (self.num_heads,), generator=self.generator).tolist()
+        return [choices[p] for p in picks]
+
+
+@pytest.mark.parametrize("options", [{"num_speculative_tokens": k} for k in range(1, 6)] + [{"tree": TREE}])
+def test_partly_right_drafts_keep_greedy_output(model, reference, plain_output, options):
+    target = HFTarget(model)
+    num_heads = options.get("num_speculative_tokens", 3)
+    proposer = NoisyOracle(random_heads(), reference, num_heads, **options)
+    result = Decoder(target, proposer, GenerationConfig(max_new_tokens=40)).generate(PROMPT)
+    assert result.output_token_ids == plain_output
+    c = result.counters
+    assert c.num_draft_tokens == c.num_drafts * num_heads
+    assert 0 < c.num_accepted_tokens < c.num_draft_tokens  # both accepting and rejecting were exercised
+    assert 40 <= 1 + c.num_accepted_tokens + c.num_target_forwards < 40 + num_heads + 1
 
 
 @pytest.mark.parametrize(

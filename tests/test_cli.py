@@ -1,0 +1,48 @@
+"""The specbench command line: explicit runs, suite runs, errors and --help."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from specbench.cli import main
+
+
+def test_explicit_run_writes_a_complete_result(tmp_path, capsys):
+    out = tmp_path / "result.json"
+    code = main([
+        "run", "--proposer", "ngram", "-k", "2", "--prompts", "synthetic", "--num-prompts", "2",
+        "--max-new-tokens", "12", "--output", str(out), "-q",
+    ])
+    assert code == 0
+    table = capsys.readouterr().out
+    assert "cli/ngram" in table and "exact" in table
+    result = json.loads(out.read_text())
+    assert set(result) >= {"case", "metrics", "requests", "correctness", "env"}
+    from specbench.metrics import METRIC_NAMES
+
+    assert set(METRIC_NAMES) <= set(result["metrics"])
+    assert len(result["requests"]) == 2
+    for request in result["requests"]:
+        assert len(request["output_token_ids"]) == 12
+        assert request["output_token_ids"] == request["plain_output_token_ids"]  # greedy, fp32: lossless
+    assert result["env"]["hardware_class"] == "cpu"
+
+
+def test_unknown_proposer_is_a_clear_error(capsys):
+    code = main(["run", "--proposer", "nope", "--prompts", "synthetic", "--num-prompts", "1", "-q"])
+    assert code == 2
+    assert "unknown proposer 'nope'" in capsys.readouterr().err
+
+
+def test_unknown_suite(capsys):
+    assert main(["run", "no-such-suite"]) == 2
+    assert "unknown suite 'no-such-suite'" in capsys.readouterr().err
+
+
+def test_help_explains(capsys):
+    with pytest.raises(SystemExit):
+        main(["run", "--help"])
+    text = capsys.readouterr().out
+    assert "mean acceptance length" in text and "--num-speculative-tokens" in text

@@ -1,0 +1,135 @@
+"""The pytest plugin, driven through pytester: markers, baseline updates, gates and the results file."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytest_plugins = ["pytester"]
+
+FAKE_GPU_CONFTEST = """
+import specbench.pytest_plugin as plugin
+
+_saved = plugin.gpu_inventory
+
+def pytest_configure(config):
+    plugin.gpu_inventory = lambda: {gpus!r}
+
+def pytest_unconfigure(config):  # pytester runs in-process: put the real one back
+    plugin.gpu_inventory = _saved
+"""
+
+MARKED_TESTS = """
+import pytest
+
+@pytest.mark.large_gpu(min_gb=24)
+def test_needs_24():
+    pass
+
+@pytest.mark.large_gpu(min_gb=8)
+def test_needs_8():
+    pass
+
+@pytest.mark.multi_gpu(2)
+def test_needs_two():
+    pass
+
+def test_cpu():
+    pass
+"""
+
+
+def fake_gpus(pytester: pytest.Pytester, gpus: list) -> None:
+    pytester.makeconftest(FAKE_GPU_CONFTEST.format(gpus=gpus))
+
+
+def test_large_gpu_skips_with_the_memory_found(pytester):
+    fake_gpus(pytester, [("NVIDIA FakeGPU", 16.0)])
+    pytester.makepyfile(MARKED_TESTS)
+    result = pytester.runpytest("-rs", "-p", "no:randomly")
+    result.assert_outcomes(passed=2, skipped=2)
+    result.stdout.fnmatch_lines([
+        "*large_gpu(min_gb=24): needs 24 GiB, found 16.0 GiB on NVIDIA FakeGPU*",
+        "*multi_gpu(2): needs 2 CUDA devices, found 1*",
+    ])
+
+
+def test_large_gpu_without_cuda(pytester):
+    fake_gpus(pytester, [])
+    pytester.makepyfile(MARKED_TESTS)
+    result = pytester.runpytest("-rs", "-m", "large_gpu")
+    result.assert_outcomes(skipped=2, deselected=2)
+    result.stdout.fnmatch_lines(["*large_gpu(min_gb=24): no CUDA device*", "*large_gpu(min_gb=8): no CUDA device*"])
+
+
+def test_big_enough_gpus_run(pytester):
+    fake_gpus(pytester, [("NVIDIA H200", 139.8), ("NVIDIA H200", 139.8)])
+    pytester.makepyfile(MARKED_TESTS)
+    pytester.runpytest().assert_outcomes(passed=4)
+
+
+GATED_TEST = """
+import sys
+sys.path.insert(0, {tests_dir!r})
+from _synthetic_results import make_result
+
+def test_case(specbench_gate):
+    specbench_gate(make_result(seed={seed}, accept_scale={scale}))
+"""
+
+
+def gated(pytester, tests_dir, *, seed=0, scale=1.0):
+    pytester.makepyfile(test_gated=GATED_TEST.format(tests_dir=str(tests_dir), seed=seed, scale=scale))
+
+
+@pytest.fixture()
+def tests_dir(request):
+    return request.path.parent
+
+
+def test_update_then_gate_pass_regression_and_improvement(pytester, tests_dir):
+    baselines = pytester.path / "baselines"
+    args = ["--specbench-baselines", str(baselines), "-p", "no:cacheprovider"]
+
+    gated(pytester, tests_dir)
+    result = pytester.runpytest(*args, "--specbench-update-baselines")
+    result.assert_outcomes(passed=1)
+    stored = json.loads((baselines / "medusa.json").read_text())
+    assert "medusa-chain-k3" in stored["cases"]
+
+    result = pytester.runpytest(*args)  # the same result: pass
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["*specbench: cases vs baselines*", "medusa/medusa-chain-k3*pass*"])
+
+    gated(pytester, tests_dir, seed=1, scale=0.6)  # a real 40% drop in acceptance
+    result = pytester.runpytest(*args)
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*acceptance_rate*regressed*baseline*tolerance*"])
+
+    gated(pytester, tests_dir, seed=2, scale=1.4)  # better than the baseline: never a failure
+    result = pytester.runpytest(*args, "-s")
+    result.assert_outcomes(passed=1)
+
+
+def test_results_file_gets_one_line_per_case(pytester, tests_dir):
+    baselines = pytester.path / "baselines"
+    gated(pytester, tests_dir)
+    results = pytester.path / "out" / "results.jsonl"
+    pytester.runpytest("--specbench-baselines", str(baselines), "--specbench-update-baselines").assert_outcomes(passed=1)
+    pytester.runpytest("--specbench-baselines", str(baselines), "--specbench-results", str(results)).assert_outcomes(passed=1)
+    pytester.runpytest("--specbench-baselines", str(baselines), "--specbench-results", str(results)).assert_outcomes(passed=1)
+    lines = results.read_text().splitlines()
+    assert len(lines) == 2
+    record = json.loads(lines[0])
+    assert record["case_id"] == "medusa/medusa-chain-k3" and "metrics" in record
+
+
+def test_junitxml_carries_metrics(pytester, tests_dir):
+    baselines = pytester.path / "baselines"
+    gated(pytester, tests_dir)
+    pytester.runpytest("--specbench-baselines", str(baselines), "--specbench-update-baselines")
+    xml = pytester.path / "junit.xml"
+    pytester.runpytest("--specbench-baselines", str(baselines), f"--junitxml={xml}").assert_outcomes(passed=1)
+    text = xml.read_text()
+    assert 'name="specbench.acceptance_rate"' in text and 'name="specbench.gate" value="pass"' in text
