@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 
 from specbench.cases import DEFAULT_TARGET, Case, builtin_suites, find_case
@@ -13,7 +14,7 @@ DEFAULT_SUITE = "demo"
 EPILOG = """examples:
   specbench run                                  # the default suite on CPU, no download
   specbench run demo/tiny-ngram-k3               # one case of a suite
-  specbench run --proposer ngram -k 4 --prompts prompts.jsonl --output result.json
+  specbench run --proposer ngram --num-speculative-tokens 4 --prompts prompts.jsonl --output result.json
   specbench env                                  # the environment fingerprint as JSON
 """
 
@@ -70,26 +71,89 @@ def results_table(results: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def _select(cases: list[Case], expression: str | None) -> list[Case]:
+    """-k EXPR: keep cases whose name contains any comma-separated word; a leading 'not ' excludes."""
+    if not expression:
+        return cases
+    if expression.startswith("not "):
+        words = [w.strip() for w in expression[4:].split(",") if w.strip()]
+        return [c for c in cases if not any(w in c.name for w in words)]
+    words = [w.strip() for w in expression.split(",") if w.strip()]
+    return [c for c in cases if any(w in c.name for w in words)]
+
+
+def _run_cases(cases: list[Case], quiet: bool) -> list[dict]:
+    from specbench.harness import run_case
+
+    if not cases:
+        raise ValueError("no case selected (check SUITE and -k)")
+    return [run_case(case, progress=not quiet).to_dict() for case in cases]
+
+
+def _store(results: list[dict], baselines_dir: str | None) -> None:
+    from specbench.baselines import update_baseline
+
+    command = "specbench " + shlex.join(sys.argv[1:])
+    for result in results:
+        print(update_baseline(result, baselines_dir, command=command).format())
+
+
 def cmd_run(args: argparse.Namespace) -> int:
-    from specbench.harness import run_case, to_json, write_json_atomic
+    from specbench.baselines import BaselineStore, compare
+    from specbench.harness import to_json, write_json_atomic
 
     if args.proposer is not None:
         if args.spec:
-            raise SystemExit("specbench run: give either SUITE|CASE or the explicit --proposer form, not both")
+            raise ValueError("give either SUITE|CASE or the explicit --proposer form, not both")
         if not args.prompts:
-            raise SystemExit("specbench run: --prompts NAME|FILE is required with --proposer")
+            raise ValueError("--prompts NAME|FILE is required with --proposer")
         cases = [_explicit_case(args)]
     else:
-        cases = find_case(args.spec or DEFAULT_SUITE)
-    results = []
-    for case in cases:
-        results.append(run_case(case, progress=not args.quiet).to_dict())
+        cases = _select(find_case(args.spec or DEFAULT_SUITE), args.k)
+    results = _run_cases(cases, args.quiet)
     print(results_table(results))
     if args.output:
         payload = results[0] if len(results) == 1 else {"results": results}
         write_json_atomic(args.output, to_json(payload))
         print(f"wrote {args.output}")
-    return 0 if all(r["correctness"]["exact"] or not r["correctness"]["checked"] for r in results) else 1
+    if args.update_baselines:
+        _store(results, args.baselines)
+        return 0
+    passed = True
+    if not args.no_gate:
+        store = BaselineStore(args.baselines) if args.baselines else BaselineStore()
+        print()
+        for result in results:
+            report = compare(result, store)
+            passed &= report.passed
+            print(report.format())
+    lossless = all(r["correctness"]["exact"] or not r["correctness"]["checked"] for r in results)
+    return 0 if passed and lossless else 1
+
+
+def cmd_baselines_regenerate(args: argparse.Namespace) -> int:
+    cases = _select(find_case(args.suite or DEFAULT_SUITE), args.k)
+    _store(_run_cases(cases, args.quiet), args.baselines)
+    return 0
+
+
+def cmd_baselines_show(args: argparse.Namespace) -> int:
+    from specbench.baselines import BaselineStore
+
+    store = BaselineStore(args.baselines) if args.baselines else BaselineStore()
+    for case_id in store.case_ids():
+        if args.suite and not case_id.startswith(args.suite + "/"):
+            continue
+        entry = store.entry(case_id)
+        quality = entry["quality"]["metrics"]
+        speed = ", ".join(
+            f"{hw}: {v['metrics']['tokens_per_s']:.1f} tok/s, {v['metrics']['speedup']:.2f}x" for hw, v in sorted(entry["speed"].items())
+        )
+        print(
+            f"{case_id}: acceptance {_fmt(quality['acceptance_rate'])}, MAL {_fmt(quality['mean_acceptance_length'], 2)}, "
+            f"per position {[round(x, 3) for x in quality['per_position_acceptance_rate']]}; {speed}"
+        )
+    return 0
 
 
 def cmd_env(args: argparse.Namespace) -> int:
@@ -121,7 +185,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--target", default=DEFAULT_TARGET, help="model reference: local dir, hub id (org/name) or built-in name")
     run.add_argument("--proposer", help="proposer name (none, ngram, medusa, or an installed plug-in); selects the explicit form")
     run.add_argument("--proposer-path", help="proposer checkpoint (e.g. a Medusa heads directory or hub id)")
-    run.add_argument("-k", "--num-speculative-tokens", type=int, help="draft tokens per step (chain proposers)")
+    run.add_argument("--num-speculative-tokens", type=int, help="draft tokens per step (chain proposers)")
     run.add_argument("--tree", help="Medusa tree: a name from the shipped/published trees or a JSON file of paths")
     run.add_argument("--prompts", help="prompt set name (gsm8k, spec_bench, mt_bench, spec_bench/<task>, synthetic) or a JSONL file")
     run.add_argument("--num-prompts", type=int, help="use the first N prompts")
@@ -133,8 +197,31 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda:0")
     run.add_argument("--name", help="case name for the explicit form (default: the proposer name)")
     run.add_argument("--output", help="write the result JSON here (atomically)")
+    run.add_argument("-k", dest="k", metavar="EXPR", help="only cases whose name contains a comma-separated word ('not w' excludes)")
+    run.add_argument("--baselines", metavar="DIR", help="baseline directory (default: $SPECBENCH_BASELINES_DIR or <repo>/baselines)")
+    run.add_argument("--no-gate", action="store_true", help="report only; do not compare with stored baselines")
+    run.add_argument("--update-baselines", action="store_true", help="store the results as baselines (refused if a lossless check fails)")
     run.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
     run.set_defaults(func=cmd_run)
+
+    baselines = sub.add_parser("baselines", help="show or regenerate stored baselines")
+    baselines_sub = baselines.add_subparsers(dest="baselines_command", required=True)
+    regenerate = baselines_sub.add_parser(
+        "regenerate",
+        help="re-run a suite's cases and store their results as baselines",
+        description="Re-run the cases and store each result as its baseline, atomically, printing an old -> new "
+        "diff per metric. Quality metrics are stored once; speed metrics under this machine's hardware class. "
+        "A run whose lossless check fails is refused.",
+    )
+    regenerate.add_argument("suite", nargs="?", help=f"suite name or .toml file (default: {DEFAULT_SUITE})")
+    regenerate.add_argument("-k", dest="k", metavar="EXPR", help="only cases whose name contains a comma-separated word")
+    regenerate.add_argument("--baselines", metavar="DIR", help="baseline directory")
+    regenerate.add_argument("-q", "--quiet", action="store_true")
+    regenerate.set_defaults(func=cmd_baselines_regenerate)
+    show = baselines_sub.add_parser("show", help="print the stored baselines")
+    show.add_argument("suite", nargs="?")
+    show.add_argument("--baselines", metavar="DIR")
+    show.set_defaults(func=cmd_baselines_show)
 
     env = sub.add_parser("env", help="print the environment fingerprint stored with every result")
     env.add_argument("--device", default=None, help="device whose GPU to describe (default: cuda:0 if present)")
@@ -142,11 +229,21 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _user_errors() -> tuple[type[BaseException], ...]:
+    """Errors caused by input (bad names, missing data or models): printed in one line, exit code 2."""
+    from specbench.baselines import BaselineError
+    from specbench.checkpoints.resolve import ModelUnavailable
+    from specbench.checkpoints.tensor_files import CheckpointError
+    from specbench.datasets import DatasetUnavailable
+
+    return (ValueError, FileNotFoundError, BaselineError, ModelUnavailable, CheckpointError, DatasetUnavailable)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (ValueError, FileNotFoundError) as err:
+    except _user_errors() as err:
         print(f"specbench: error: {err}", file=sys.stderr)
         return 2
 

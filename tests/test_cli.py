@@ -12,7 +12,7 @@ from specbench.cli import main
 def test_explicit_run_writes_a_complete_result(tmp_path, capsys):
     out = tmp_path / "result.json"
     code = main([
-        "run", "--proposer", "ngram", "-k", "2", "--prompts", "synthetic", "--num-prompts", "2",
+        "run", "--proposer", "ngram", "--num-speculative-tokens", "2", "--prompts", "synthetic", "--num-prompts", "2",
         "--max-new-tokens", "12", "--output", str(out), "-q",
     ])
     assert code == 0
