@@ -25,12 +25,12 @@ import json
 import math
 import os
 import re
-import tempfile
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
+from specbench.atomic_write import write_text_atomic
 from specbench.gates import (
     DEFAULT_CONFIDENCE, DEFAULT_NUM_RESAMPLES, QUALITY_METRICS, SPEED_METRICS, GateReport,
     check_correctness, compare_entry, per_token_latency, resolve_tolerances,
@@ -40,9 +40,9 @@ SCHEMA_VERSION = 1
 FLOAT_SIGNIFICANT_DIGITS = 6
 BASELINES_DIR_ENV = "SPECBENCH_BASELINES_DIR"
 # case keys that decide how a run is judged or scheduled, not what it measures: editing them keeps the baseline
-NON_DEFINING_CASE_KEYS = ("tolerances", "gate_quality", "min_gpu_gib", "description")
-REGENERATE_HINT = ("regenerate it by re-running the case with baseline updating on "
-                   "(`specbench run --update-baselines`, or pytest `--update-baselines`), or restore it from git")
+NON_DEFINING_CASE_KEYS = ("tolerances", "gate_quality", "gate_speed", "min_gpu_gib", "description")
+REGENERATE_HINT = ("regenerate it with `specbench baselines regenerate <suite>` (or `specbench run <case> "
+                   "--update-baselines`, or pytest `--specbench-update-baselines`), or restore it from git")
 
 QUALITY_REQUEST_FIELDS = ("prompt_id", "num_drafts", "num_draft_tokens", "num_accepted_tokens", "accepted_per_position")
 SPEED_REQUEST_FIELDS = ("prompt_id", "tokens_per_s", "plain_tokens_per_s", "time_to_first_token_s", "per_token_latency_s")
@@ -84,6 +84,11 @@ def split_case_id(case_id: str) -> tuple[str, str]:
         raise BaselineError(f"case id {case_id!r} is not '<suite>/<name>' with a file-name-safe suite "
                             f"(letters, digits, '_', '.', '-')")
     return suite, name
+
+
+def _as_result_dict(result) -> dict:
+    """Accept harness.RunResult as well as its dict form."""
+    return result.to_dict() if hasattr(result, "to_dict") else result
 
 
 def result_case_id(result: dict) -> str:
@@ -221,7 +226,7 @@ def compare(result: dict, baseline_store=None, *, tolerances: dict | None = None
     ``tolerances``, then the ``tolerances`` argument. Raises CaseDefinitionChanged when the baseline was
     recorded for a different case definition, BaselineFileError for a broken file.
     """
-    store = _as_store(baseline_store)
+    store, result = _as_store(baseline_store), _as_result_dict(result)
     case_id = result_case_id(result)
     suite, _ = split_case_id(case_id)
     entry = store.entry(case_id)
@@ -335,31 +340,6 @@ def _directory_lock(directory: Path):
         os.close(fd)
 
 
-def write_text_atomic(path: str | os.PathLike, text: str) -> None:
-    """Replace ``path`` with ``text`` so that a crash at any point leaves the old or the new file whole."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            # keep the file's mode; mkstemp's 0600 would make a new reviewed file unreadable to others
-            os.fchmod(f.fileno(), path.stat().st_mode & 0o777 if path.exists() else 0o644)
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())  # data on disk before the rename makes it visible
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-    directory_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(directory_fd)  # the rename itself survives a power loss
-    finally:
-        os.close(directory_fd)
-
-
 def update_baseline(result: dict, store_dir=None, *, command: str) -> BaselineDiff:
     """Store ``result`` as its case's baseline: quality (if changed), and speed for its hardware class.
 
@@ -367,7 +347,7 @@ def update_baseline(result: dict, store_dir=None, *, command: str) -> BaselineDi
     when the run's correctness check fails (fp32 not exact, or bf16/fp16 under the minimum match fraction).
     ``command`` is recorded in the provenance (the command line that produced the run).
     """
-    store = _as_store(store_dir)
+    store, result = _as_store(store_dir), _as_result_dict(result)
     case_id = result_case_id(result)
     suite, name = split_case_id(case_id)
     hardware_class = (result.get("env") or {}).get("hardware_class")

@@ -40,6 +40,8 @@ class Case:
     tolerances: dict = field(default_factory=dict)
     # quality metrics of random-weight targets mean nothing: set false to report but never gate them
     gate_quality: bool = True
+    # None: gate speed on GPUs only (CPU timings on shared machines are noise); true/false forces it
+    gate_speed: bool | None = None
     # GPU memory the case needs (GiB); the pytest plugin skips below it
     min_gpu_gib: float | None = None
 

@@ -147,7 +147,8 @@ def cmd_baselines_show(args: argparse.Namespace) -> int:
         entry = store.entry(case_id)
         quality = entry["quality"]["metrics"]
         speed = ", ".join(
-            f"{hw}: {v['metrics']['tokens_per_s']:.1f} tok/s, {v['metrics']['speedup']:.2f}x" for hw, v in sorted(entry["speed"].items())
+            f"{hw}: {_fmt(v['metrics']['tokens_per_s'], 1)} tok/s, {_fmt(v['metrics']['speedup'], 2)}x"
+            for hw, v in sorted(entry["speed"].items())
         )
         print(
             f"{case_id}: acceptance {_fmt(quality['acceptance_rate'])}, MAL {_fmt(quality['mean_acceptance_length'], 2)}, "

@@ -279,11 +279,12 @@ def bootstrap_interval(measured_requests, baseline_requests, baseline_value: flo
         return None
     alpha = 1.0 - confidence
     low, high = np.quantile(stats, [alpha / 2, 1 - alpha / 2])
-    return float(shift + low), float(shift + high)
+    # every gated metric is >= 0; clipping the shifted interval there changes no verdict (baseline > 0)
+    return max(0.0, float(shift + low)), max(0.0, float(shift + high))
 
 
-def judge(name: str, direction: str, baseline: float | None, measured: float | None,
-          tolerance: float, ci: tuple[float, float] | None) -> tuple[str, str]:
+def judge(direction: str, baseline: float | None, measured: float | None, tolerance: float,
+          ci: tuple[float, float] | None) -> tuple[str, str]:
     """(status, reason) by the rule in the module docstring."""
     if baseline is None or not math.isfinite(baseline):
         return "skipped", "the baseline holds no value (undefined when it was recorded)"
@@ -311,38 +312,36 @@ def is_low_precision(result: dict) -> bool:
 
 def check_correctness(result: dict, min_match_fraction: float) -> MetricCheck:
     """fp32: ``exact_match`` must hold; bf16/fp16: ``match_fraction`` >= ``min_match_fraction``."""
-    corr = result.get("correctness") or {}
-    low = is_low_precision(result)
-    name = "match_fraction" if low else "exact_match"
+    corr, low = result.get("correctness") or {}, is_low_precision(result)
     match_fraction = corr.get("match_fraction")
+    measured = match_fraction if match_fraction is not None else math.nan
+    required = min_match_fraction if low else 1.0
+    verdict = lambda status, reason: MetricCheck("match_fraction" if low else "exact_match",  # noqa: E731
+                                                 HIGHER_IS_BETTER, required, measured, None, status, reason)
     if not corr.get("checked"):
-        return MetricCheck(name, HIGHER_IS_BETTER, None, match_fraction, None, "skipped",
-                           "outputs not checked against plain decoding (lossy rule or sampling)")
+        return verdict("skipped", "outputs not checked against plain decoding (lossy rule or sampling)")
+    if corr.get("exact"):
+        return verdict("pass", "every request identical to plain decoding")
     requests = result.get("requests") or []
     diverged = [(i, pos) for i, pos in enumerate(corr.get("first_divergence") or []) if pos is not None]
+    where = "outputs differ (no per-request divergence positions recorded)"
     if diverged:
         i, pos = diverged[0]
         prompt_id = requests[i].get("prompt_id", i) if i < len(requests) else i
         where = (f"request {prompt_id!r} (#{i}) first diverges at output position {pos}; "
                  f"{len(diverged)} of {len(corr['first_divergence'])} requests diverge")
-    else:
-        where = "outputs differ (no per-request divergence positions recorded)"
-    measured = match_fraction if match_fraction is not None else math.nan
     if not low:
-        if corr.get("exact"):
-            return MetricCheck(name, HIGHER_IS_BETTER, 1.0, measured, None, "pass",
-                               "every request identical to plain decoding")
-        return MetricCheck(name, HIGHER_IS_BETTER, 1.0, measured, None, "fail",
-                           f"fp32 speculative output differs from plain decoding: {where}")
-    if corr.get("exact"):
-        return MetricCheck(name, HIGHER_IS_BETTER, min_match_fraction, measured, None, "pass",
-                           "every request identical to plain decoding")
+        return verdict("fail", f"fp32 speculative output differs from plain decoding: {where}")
+    minimum = f"the minimum {_fmt(min_match_fraction)} (tolerance 'min_match_fraction'); {where}"
     if not math.isfinite(measured) or measured < min_match_fraction:
-        return MetricCheck(name, HIGHER_IS_BETTER, min_match_fraction, measured, None, "fail",
-                           f"match fraction {_fmt(measured)} is under the minimum {_fmt(min_match_fraction)} "
-                           f"(tolerance 'min_match_fraction'); {where}")
-    return MetricCheck(name, HIGHER_IS_BETTER, min_match_fraction, measured, None, "pass",
-                       f"at or above the minimum {_fmt(min_match_fraction)} (tolerance 'min_match_fraction'); {where}")
+        return verdict("fail", f"match fraction {_fmt(measured)} is under {minimum}")
+    return verdict("pass", f"at or above {minimum}")
+
+
+def _gate_speed(case: dict, hardware_class: str | None) -> bool:
+    """``gate_speed`` true/false from the case; unset (None) gates speed on GPUs only."""
+    setting = case.get("gate_speed")
+    return hardware_class != "cpu" if setting is None else bool(setting)
 
 
 def _measured(metrics: dict, name: str, position: int | None) -> float:
@@ -382,6 +381,11 @@ def compare_entry(result: dict, entry: dict | None, *, tolerances: dict | None =
             check.reason = missing_reason or ""
         elif name in SPEED_METRICS and not math.isfinite(measured):
             check.status, check.reason = "skipped", "not measured in this run"
+        elif name in SPEED_METRICS and not _gate_speed(case, hardware_class):
+            check.baseline = _measured(base_metrics, name, position)
+            check.status, check.reason = "skipped", (
+                "CPU timings on shared machines are too noisy to gate; reported only (set gate_speed = true in the case to gate)"
+                if hardware_class == "cpu" else "speed gating is off for this case (gate_speed = false)")
         elif name in QUALITY_METRICS and case.get("gate_quality") is False:
             check.baseline = _measured(base_metrics, name, position)
             check.status, check.reason = "skipped", "quality gating is off for this case (gate_quality = false)"
@@ -390,7 +394,7 @@ def compare_entry(result: dict, entry: dict | None, *, tolerances: dict | None =
             if math.isfinite(check.baseline):
                 check.ci = bootstrap_interval(requests, base_requests, check.baseline, name, position=position,
                                               confidence=confidence, num_resamples=num_resamples, seed=seed)
-            check.status, check.reason = judge(label, direction, check.baseline, measured, tol[name], check.ci)
+            check.status, check.reason = judge(direction, check.baseline, measured, tol[name], check.ci)
         report.checks.append(check)
 
     no_entry = f"no baseline stored for {case_id}" + (f" in {baseline_path}" if baseline_path else "")

@@ -7,13 +7,13 @@ import datetime as _dt
 import json
 import math
 import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from tqdm.auto import tqdm
 
+from specbench.atomic_write import write_text_atomic
 from specbench.cases import Case
 from specbench.checkpoints.tiny import BUILTIN_TARGETS, synthetic_prompts
 from specbench.engine.decode import Decoder, GenerationConfig, GenerationResult
@@ -147,18 +147,9 @@ def to_json(result: dict, *, indent: int | None = 2) -> str:
 
 
 def write_json_atomic(path: str | os.PathLike, text: str) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text + "\n")
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    """Write a result file atomically, creating its directory."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(path, text + "\n")
 
 
 def _request_record(prompt_id: str, spec: GenerationResult, plain: GenerationResult) -> dict:
@@ -176,6 +167,7 @@ def _request_record(prompt_id: str, spec: GenerationResult, plain: GenerationRes
         "tokens_per_s": spec.timing.tokens_per_s,
         "plain_tokens_per_s": plain.timing.tokens_per_s,
         "time_to_first_token_s": spec.timing.time_to_first_token_s,
+        "per_token_latency_s": spec.timing.per_token_latency_s,
         "finish_reason": spec.finish_reason,
     }
 

@@ -178,3 +178,38 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config)
         for detail_line in (row.get("detail") or "").splitlines():
             if detail_line.strip() and row["status"] != "pass":
                 terminalreporter.write_line(f"    {detail_line}")
+
+
+def case_params(suite: str) -> list:
+    """``pytest.param`` per case of a suite, id'd by case name, marked ``large_gpu`` when the case
+    sets ``min_gpu_gib``; for ``@pytest.mark.parametrize("case", case_params("medusa"))``."""
+    from specbench.cases import load_suite
+
+    params = []
+    for case in load_suite(suite):
+        marks = [pytest.mark.large_gpu(min_gb=case.min_gpu_gib)] if case.min_gpu_gib else []
+        params.append(pytest.param(case, id=case.name, marks=marks))
+    return params
+
+
+def skip_unless_available(case) -> None:
+    """Skip (with the precise reason) when the case's target, proposer checkpoint or prompts are not
+    available here: no download is attempted when HF_HUB_OFFLINE=1."""
+    from specbench.checkpoints.resolve import ModelUnavailable, resolve_model_dir
+    from specbench.checkpoints.tiny import BUILTIN_TARGETS
+    from specbench.datasets import DatasetUnavailable, load_prompts
+
+    refs = [case.target] if case.target not in BUILTIN_TARGETS else []
+    if case.proposer.get("path"):
+        refs.append(case.proposer["path"])
+    for ref in refs:
+        try:
+            resolve_model_dir(ref)
+        except ModelUnavailable as err:
+            pytest.skip(f"{case.case_id}: {err}")
+    prompts = case.prompts.get("name")
+    if prompts and prompts != "synthetic":
+        try:
+            load_prompts(prompts, num_prompts=case.prompts.get("num_prompts"), n_shot=case.prompts.get("n_shot", 1))
+        except DatasetUnavailable as err:
+            pytest.skip(f"{case.case_id}: {err}")

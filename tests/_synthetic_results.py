@@ -15,13 +15,15 @@ from specbench.metrics import RequestTiming, SpecCounters, aggregate
 
 def make_result(seed: int = 0, *, num_requests: int = 40, accept_scale: float = 1.0, speed_scale: float = 1.0,
                 hardware_class: str = "cpu", dtype: str = "float32", num_speculative_tokens: int = 3,
-                max_new_tokens: int = 64, name: str = "medusa-chain-k3", suite: str = "medusa") -> dict:
+                max_new_tokens: int = 64, name: str = "medusa-chain-k3", suite: str = "medusa",
+                gate_speed: bool | None = True) -> dict:
     case = {
         "name": name, "suite": suite, "target": "specbench-ref/gsm8k-tiny",
         "proposer": {"name": "medusa", "num_speculative_tokens": num_speculative_tokens},
         "prompts": {"name": "gsm8k", "num_prompts": num_requests, "n_shot": 1},
         "sampling": {"temperature": 0.0, "top_p": 1.0, "acceptance": "auto"},
         "dtype": dtype, "device": "cpu", "max_new_tokens": max_new_tokens, "seed": 0, "ignore_eos": False,
+        "gate_speed": gate_speed,  # these synthetic timings are controlled, so gate them even on "cpu"
     }
     counters, timings, requests = [], [], []
     for i in range(num_requests):
