@@ -1,0 +1,213 @@
+"""GPU speed benchmark on the 7B shape at batch 1 (issue: the GPU tier's first speed figures).
+
+Measures in one run, on the weights `specbench zoo synth` wrote: plain decoding tok/s through
+specbench's engine; verification cost T(k)/T(1) for k = 1..8 and a 63-node tree; speculative decoding
+at forced full acceptance (an oracle proposing the target's own greedy continuation) and at a synthetic
+per-position acceptance profile; transformers `generate` on the same weights (eager dynamic cache and
+static cache + torch.compile) as the peer; and the ceiling = copy bandwidth / weight bytes per token.
+Prints a table and writes everything as JSON.
+
+    python bench/speed_7b.py SYNTH_DIR OUT_DIR [--tiny] [--device cuda]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from specbench.checkpoints.resolve import load_target_model  # noqa: E402
+from specbench.engine.decode import Decoder, GenerationConfig  # noqa: E402
+from specbench.engine.draft import Draft  # noqa: E402
+from specbench.engine.hf_target import HFTarget  # noqa: E402
+from specbench.env import environment_fingerprint  # noqa: E402
+from specbench.proposers.base import Proposer, ProposerState  # noqa: E402
+
+# Medusa-1 on Vicuna-7B: published per-head top-1 accuracy (FIELD_NOTES §2), used as a synthetic
+# per-position acceptance profile (position i accepted with this probability, given i-1 was)
+MEDUSA_PROFILE = (0.56, 0.32, 0.20, 0.15, 0.12)
+
+
+class ScriptedProposer(Proposer):
+    """Proposes the true greedy continuation, each position kept correct with a given probability."""
+
+    name = "bench-scripted"
+
+    def __init__(self, truth: list[int], prompt_len: int, k: int, profile: tuple[float, ...] | None, vocab_size: int,
+                 seed: int = 0):
+        self.truth, self.prompt_len, self.k, self.profile, self.vocab_size = truth, prompt_len, k, profile, vocab_size
+        self.rng = random.Random(seed)
+
+    @classmethod
+    def from_options(cls, target, **options):
+        raise NotImplementedError
+
+    @property
+    def max_draft_tokens(self) -> int:
+        return self.k
+
+    def propose(self, state: ProposerState) -> Draft:
+        done = state.token_ids.numel() - self.prompt_len
+        tokens = []
+        for i in range(self.k):
+            true_token = self.truth[done + i] if done + i < len(self.truth) else 0
+            wrong = self.profile is not None and self.rng.random() >= self.profile[min(i, len(self.profile) - 1)]
+            tokens.append((true_token + 1) % self.vocab_size if wrong else true_token)
+        return Draft.chain(torch.tensor(tokens))
+
+
+def sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def copy_bandwidth(device, gib: float = 4.0, reps: int = 10) -> float:
+    """Bytes read + written per second by a device-to-device copy."""
+    n = int(gib * 2**30) // 2
+    src = torch.empty(n, dtype=torch.bfloat16, device=device)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    sync(device)
+    start = time.perf_counter()
+    for _ in range(reps):
+        dst.copy_(src)
+    sync(device)
+    return 2 * src.numel() * src.element_size() * reps / (time.perf_counter() - start)
+
+
+def time_verify(target: HFTarget, prompt: torch.Tensor, draft: Draft, reps: int) -> float:
+    """Median seconds of one verification forward of ``[root] + draft`` after ``prompt``."""
+    target.prefill(prompt)
+    ids = torch.cat([prompt[-1:], draft.tokens])
+    mask = None if draft.is_chain else draft.tree_mask()
+    depths = draft.depths()
+    times = []
+    for _ in range(reps + 2):
+        sync(target.device)
+        start = time.perf_counter()
+        target.verify(ids, depths, mask)
+        sync(target.device)
+        times.append(time.perf_counter() - start)
+        target.commit([0], num_verified=ids.numel())  # drop what was appended, keep the cache size fixed
+        target.cache.crop(-1)
+    return statistics.median(times[2:])
+
+
+def decode_rate(target, proposer, prompt, new_tokens) -> dict:
+    result = Decoder(target, proposer, GenerationConfig(max_new_tokens=new_tokens, ignore_eos=True)).generate(prompt)
+    return {"tokens_per_s": result.timing.tokens_per_s, "mean_acceptance_length": result.counters.mean_acceptance_length,
+            "output": result.output_token_ids}
+
+
+def hf_generate_rate(model, prompt, new_tokens, **kwargs) -> float:
+    ids = prompt[None].to(model.device)
+    model.generate(ids, max_new_tokens=8, min_new_tokens=8, do_sample=False, **kwargs)  # warm-up / compile
+    sync(model.device)
+    start = time.perf_counter()
+    model.generate(ids, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False, **kwargs)
+    sync(model.device)
+    return new_tokens / (time.perf_counter() - start)
+
+
+def medusa_tree(name: str) -> list[list[int]]:
+    """A 63-node tree: the published mc_sim_7b_63 when SPECBENCH_DATA_DIR has it, else a greedy 63-node tree."""
+    try:
+        from specbench.engine.tree import load_tree
+
+        return load_tree(name)
+    except Exception:  # noqa: BLE001 - the benchmark only needs some 63-node tree of depth <= 5
+        return None
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("synth_dir")
+    parser.add_argument("out_dir")
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--new-tokens", type=int, default=128)
+    parser.add_argument("--prompt-len", type=int, default=128)
+    parser.add_argument("--reps", type=int, default=20)
+    parser.add_argument("--skip-compile", action="store_true", help="leave out static cache + torch.compile")
+    args = parser.parse_args()
+
+    device = torch.device(args.device)
+    out = Path(args.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    model = load_target_model(str(Path(args.synth_dir) / "target"), dtype=torch.bfloat16, device=str(device))
+    target = HFTarget(model)
+    vocab = target.vocab_size
+    prompt = torch.randint(0, vocab, (args.prompt_len,), generator=torch.Generator().manual_seed(0))
+    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    figures: dict = {"env": environment_fingerprint(device=str(device), dtype="bfloat16"), "weight_bytes": weight_bytes}
+
+    bandwidth = copy_bandwidth(device) if device.type == "cuda" else float("nan")
+    ceiling = bandwidth / weight_bytes
+    figures["copy_bandwidth_bytes_per_s"] = bandwidth
+    figures["ceiling_tokens_per_s"] = ceiling
+
+    plain = decode_rate(target, None, prompt, args.new_tokens)
+    decode_rate(target, None, prompt, 8)
+    plain = decode_rate(target, None, prompt, args.new_tokens)  # second call: warm
+    truth = decode_rate(target, None, prompt, args.new_tokens + 16)["output"]
+    figures["plain"] = {"tokens_per_s": plain["tokens_per_s"]}
+
+    t1 = time_verify(target, prompt, Draft.chain(torch.empty(0, dtype=torch.long)), args.reps)
+    verify_cost = {"1": 1.0}
+    for k in range(2, 9):
+        draft = Draft.chain(torch.randint(0, vocab, (k - 1,)))
+        verify_cost[str(k)] = time_verify(target, prompt, draft, args.reps) / t1
+    tree_paths = medusa_tree("mc_sim_7b_63")
+    if tree_paths is not None:
+        from specbench.engine.tree import TreeBuffers
+
+        tree = tree_paths if isinstance(tree_paths, TreeBuffers) else TreeBuffers.from_paths(tree_paths)
+        top = torch.randint(0, vocab, (tree.max_depth, tree.top_k))
+        verify_cost["tree63"] = time_verify(target, prompt, tree.draft(top), args.reps) / t1
+    figures["verify_seconds_k1"] = t1
+    figures["verify_cost_ratio"] = verify_cost
+
+    for k in (3, 5):
+        oracle = ScriptedProposer(truth, prompt.numel(), k, None, vocab)
+        full = decode_rate(target, oracle, prompt, args.new_tokens)
+        figures[f"spec_full_acceptance_k{k}"] = {key: full[key] for key in ("tokens_per_s", "mean_acceptance_length")}
+        profiled = decode_rate(target, ScriptedProposer(truth, prompt.numel(), k, MEDUSA_PROFILE, vocab), prompt, args.new_tokens)
+        figures[f"spec_medusa_profile_k{k}"] = {key: profiled[key] for key in ("tokens_per_s", "mean_acceptance_length")}
+
+    figures["hf_generate_eager"] = {"tokens_per_s": hf_generate_rate(model, prompt, args.new_tokens)}
+    if not args.skip_compile and device.type == "cuda":
+        model.generation_config.cache_implementation = "static"
+        model.forward = torch.compile(model.forward, mode="reduce-overhead", fullgraph=True)
+        figures["hf_generate_static_compile"] = {"tokens_per_s": hf_generate_rate(model, prompt, args.new_tokens)}
+
+    peer = figures["hf_generate_eager"]["tokens_per_s"]
+    rows = [("ceiling (copy bandwidth / weight bytes)", ceiling)]
+    rows.append(("transformers generate, eager", peer))
+    if "hf_generate_static_compile" in figures:
+        rows.append(("transformers generate, static cache + compile", figures["hf_generate_static_compile"]["tokens_per_s"]))
+    rows.append(("specbench plain decoding", plain["tokens_per_s"]))
+    for k in (3, 5):
+        rows.append((f"specbench spec, full acceptance, K={k} (MAL {figures[f'spec_full_acceptance_k{k}']['mean_acceptance_length']:.2f})",
+                     figures[f"spec_full_acceptance_k{k}"]["tokens_per_s"]))
+        rows.append((f"specbench spec, Medusa-7B profile, K={k} (MAL {figures[f'spec_medusa_profile_k{k}']['mean_acceptance_length']:.2f})",
+                     figures[f"spec_medusa_profile_k{k}"]["tokens_per_s"]))
+    lines = [f"{'what':70} {'tok/s':>8} {'/ceiling':>9} {'/HF eager':>10}"]
+    for label, rate in rows:
+        lines.append(f"{label:70} {rate:8.1f} {rate / ceiling:9.2f} {rate / peer:10.2f}")
+    lines.append("verification cost T(k)/T(1): " + ", ".join(f"{k}: {v:.2f}" for k, v in verify_cost.items()))
+    table = "\n".join(lines)
+    figures["table"] = table
+    (out / "speed_7b.json").write_text(json.dumps(figures, indent=2, default=str) + "\n")
+    print(table)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
