@@ -22,19 +22,14 @@ TREE = [[0], [1], [2], [0, 0], [0, 1], [1, 0], [1, 1], [2, 0], [0, 0, 0], [1, 1,
 
 
 @pytest.fixture(scope="module")
-def model():
-    return tiny_llama(seed=0)
+def plain_output(tiny_model):
+    return Decoder(HFTarget(tiny_model), None, GenerationConfig(max_new_tokens=40)).generate(PROMPT).output_token_ids
 
 
 @pytest.fixture(scope="module")
-def plain_output(model):
-    return Decoder(HFTarget(model), None, GenerationConfig(max_new_tokens=40)).generate(PROMPT).output_token_ids
-
-
-@pytest.fixture(scope="module")
-def reference(model):
+def reference(tiny_model):
     """Prompt + 48 greedy tokens: enough for 40 output tokens plus 5 heads looking ahead."""
-    output = Decoder(HFTarget(model), None, GenerationConfig(max_new_tokens=48)).generate(PROMPT).output_token_ids
+    output = Decoder(HFTarget(tiny_model), None, GenerationConfig(max_new_tokens=48)).generate(PROMPT).output_token_ids
     return PROMPT.tolist() + output
 
 
@@ -50,8 +45,8 @@ def random_heads(num_heads=5, has_vocab_projection=True, seed=1) -> MedusaHeads:
 
 
 @pytest.mark.parametrize("k", [1, 2, 3, 4, 5])
-def test_greedy_chain_output_equals_plain_greedy(model, plain_output, k):
-    target = HFTarget(model)
+def test_greedy_chain_output_equals_plain_greedy(tiny_model, plain_output, k):
+    target = HFTarget(tiny_model)
     proposer = MedusaProposer.from_options(target, heads=random_heads(), num_speculative_tokens=k)
     result = Decoder(target, proposer, GenerationConfig(max_new_tokens=40)).generate(PROMPT)
     assert result.output_token_ids == plain_output
@@ -62,8 +57,8 @@ def test_greedy_chain_output_equals_plain_greedy(model, plain_output, k):
     assert 40 <= 1 + c.num_accepted_tokens + c.num_target_forwards < 40 + k + 1
 
 
-def test_greedy_tree_output_equals_plain_greedy(model, plain_output):
-    target = HFTarget(model)
+def test_greedy_tree_output_equals_plain_greedy(tiny_model, plain_output):
+    target = HFTarget(tiny_model)
     proposer = MedusaProposer.from_options(target, heads=random_heads(), tree=TREE)
     result = Decoder(target, proposer, GenerationConfig(max_new_tokens=40)).generate(PROMPT)
     assert result.output_token_ids == plain_output
@@ -72,8 +67,8 @@ def test_greedy_tree_output_equals_plain_greedy(model, plain_output):
     assert 40 <= 1 + c.num_accepted_tokens + c.num_target_forwards < 40 + 3 + 1
 
 
-def test_version2_heads_use_the_target_lm_head(model):
-    target = HFTarget(model)
+def test_version2_heads_use_the_target_lm_head(tiny_model):
+    target = HFTarget(tiny_model)
     heads = random_heads(3, has_vocab_projection=False)
     proposer = MedusaProposer.from_options(target, heads=heads, num_speculative_tokens=3)
     hidden = torch.randn(HIDDEN)
@@ -84,8 +79,8 @@ def test_version2_heads_use_the_target_lm_head(model):
 
 
 class RecordingTarget(HFTarget):
-    def __init__(self, model):
-        super().__init__(model)
+    def __init__(self, tiny_model):
+        super().__init__(tiny_model)
         self.commits: list[list[int]] = []
 
     def commit(self, accepted_nodes, num_verified):
@@ -134,8 +129,8 @@ class NoisyOracle(OracleMedusa):
 
 
 @pytest.mark.parametrize("options", [{"num_speculative_tokens": k} for k in range(1, 6)] + [{"tree": TREE}])
-def test_partly_right_drafts_keep_greedy_output(model, reference, plain_output, options):
-    target = HFTarget(model)
+def test_partly_right_drafts_keep_greedy_output(tiny_model, reference, plain_output, options):
+    target = HFTarget(tiny_model)
     num_heads = options.get("num_speculative_tokens", 3)
     proposer = NoisyOracle(random_heads(), reference, num_heads, **options)
     result = Decoder(target, proposer, GenerationConfig(max_new_tokens=40)).generate(PROMPT)
@@ -155,15 +150,15 @@ def test_partly_right_drafts_keep_greedy_output(model, reference, plain_output, 
         ({"num_speculative_tokens": 3}, (0, 0, None), [(0,), (0, 0)]),  # a chain cut by head 2
     ],
 )
-def test_known_branch_is_accepted_and_the_cache_matches_a_fresh_prefill(model, options, true_ranks, accepted_path):
+def test_known_branch_is_accepted_and_the_cache_matches_a_fresh_prefill(tiny_model, options, true_ranks, accepted_path):
     steps = 5
     per_step = len(accepted_path) + 1  # accepted tokens + the target's own
     max_new = 1 + steps * per_step  # the last step ends exactly at max_new_tokens: nothing is cut
     reference_len = PROMPT.numel() + max_new + 3  # heads look up to 3 tokens past the output
-    reference = PROMPT.tolist() + Decoder(HFTarget(model), None, GenerationConfig(max_new_tokens=reference_len)).generate(
+    reference = PROMPT.tolist() + Decoder(HFTarget(tiny_model), None, GenerationConfig(max_new_tokens=reference_len)).generate(
         PROMPT
     ).output_token_ids
-    target = RecordingTarget(model)
+    target = RecordingTarget(tiny_model)
     proposer = OracleMedusa(random_heads(3), reference, true_ranks, **options)
     result = Decoder(target, proposer, GenerationConfig(max_new_tokens=max_new)).generate(PROMPT)
 
@@ -182,12 +177,12 @@ def test_known_branch_is_accepted_and_the_cache_matches_a_fresh_prefill(model, o
     assert target.cache_length == tokens.numel() - 1
     cached = target.verify(tokens[-1:], torch.zeros(1, dtype=torch.long), None).logits[0]  # (V,)
     with torch.no_grad():
-        fresh = model(tokens[None]).logits[0, -1].float()  # (V,)
+        fresh = tiny_model(tokens[None]).logits[0, -1].float()  # (V,)
     torch.testing.assert_close(cached, fresh, rtol=0, atol=1e-4)
 
 
-def test_options_are_checked(model):
-    target = HFTarget(model)
+def test_options_are_checked(tiny_model):
+    target = HFTarget(tiny_model)
     heads = random_heads(3)
     with pytest.raises(ValueError, match="exactly one of num_speculative_tokens .* or tree"):
         MedusaProposer.from_options(target, heads=heads)
@@ -203,8 +198,8 @@ def test_options_are_checked(model):
         MedusaProposer.from_options(target, heads=heads, num_speculative_tokens=1, top_k=3)
 
 
-def test_describe_and_registry(model):
-    target = HFTarget(model)
+def test_describe_and_registry(tiny_model):
+    target = HFTarget(tiny_model)
     chain = create_proposer("medusa", target, heads=random_heads(4), num_speculative_tokens=2)
     assert isinstance(chain, MedusaProposer)
     assert chain.describe() == {"name": "medusa", "num_heads": 4, "num_speculative_tokens": 2}

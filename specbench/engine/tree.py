@@ -145,7 +145,10 @@ def _published_trees() -> tuple[Path | None, dict]:
     file = Path(root) / PUBLISHED_TREES_FILE
     if not file.is_file():
         return file, {}
-    content = json.loads(file.read_text())
+    try:
+        content = json.loads(file.read_text())
+    except (OSError, json.JSONDecodeError) as error:
+        raise ValueError(f"cannot read the published Medusa trees {file}: {error}") from error
     if not isinstance(content, dict):
         raise ValueError(f"{file}: expected a JSON object mapping tree names to lists of paths, found {type(content).__name__}")
     return file, content

@@ -3,8 +3,8 @@ final hidden states are the data; head i at position t learns token t + i + 2 (F
 
 Data layout (one row per prompt, ``T = max_new_tokens + 1``): ``hidden[b, j]`` is the target's
 post-norm hidden state at the last prompt position plus j, ``tokens[b, j]`` the token there
-(``tokens[b, 0]`` = last prompt token; later ones generated). Positions after an EOS hold
-``IGNORE_INDEX``. Heads only ever read hidden states from the last prompt position on, so
+(``tokens[b, 0]`` = last prompt token; later ones generated). Positions after a generated EOS
+(``model.generation_config.eos_token_id``) hold ``IGNORE_INDEX``. Heads only ever read hidden states from the last prompt position on, so
 earlier prompt positions are not kept.
 """
 
@@ -49,10 +49,11 @@ def collect_self_distillation(
             ids[row, width - prompt.numel() :] = prompt
             mask[row, width - prompt.numel() :] = 1
         ids, mask = ids.to(device), mask.to(device)
+        # no min_new_tokens: it would ban EOS and record the target's second choice where it ends
         sequences = model.generate(
-            input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens,
-            do_sample=False, pad_token_id=pad_token_id,
-        )  # (b, P + max_new_tokens): min_new_tokens keeps generating past EOS; those tokens are ignored below
+            input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=pad_token_id
+        )  # (b, <= P + G): rows that ended early are padded, all rows ending stops generation
+        sequences = F.pad(sequences, (0, width + max_new_tokens - sequences.shape[1]), value=pad_token_id)  # (b, P + G)
         full_mask = torch.cat([mask, torch.ones_like(sequences[:, width:])], dim=1)  # (b, P + G)
         position_ids = (full_mask.cumsum(dim=1) - 1).clamp_min(0)  # (b, P + G): as generate placed them
         out = model.get_decoder()(input_ids=sequences, attention_mask=full_mask, position_ids=position_ids)

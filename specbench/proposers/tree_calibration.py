@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from pathlib import Path
 from typing import Sequence
 
 import torch
 
+from specbench.atomic_write import write_text_atomic
 from specbench.engine.tree import TreeBuffers
 
 
@@ -76,18 +76,10 @@ def calibrate_tree(accuracies: torch.Tensor, num_nodes: int, max_depth: int | No
 
 
 def save_tree_json(paths: Sequence[Sequence[int]], file: str | os.PathLike, metadata: dict | None = None) -> Path:
-    """Write ``{"paths": [...], "metadata": {...}}`` atomically (temp file + rename); returns the path."""
+    """Write ``{"paths": [...], "metadata": {...}}`` atomically; returns the path."""
     tree = TreeBuffers.from_paths(paths)  # validates before anything is written
     file = Path(file)
     file.parent.mkdir(parents=True, exist_ok=True)
     payload = {"paths": [list(p) for p in tree.paths], "metadata": dict(metadata or {})}
-    handle, temp = tempfile.mkstemp(dir=file.parent, prefix=f".{file.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(handle, "w") as out:
-            json.dump(payload, out, indent=1)
-            out.write("\n")
-        os.replace(temp, file)
-    except BaseException:
-        os.unlink(temp)
-        raise
+    write_text_atomic(file, json.dumps(payload, indent=1) + "\n")
     return file
