@@ -6,6 +6,8 @@ the CLI and the pytest suites read the same files.
 
 from __future__ import annotations
 
+import os
+import re
 import sys
 from dataclasses import asdict, dataclass, field, fields
 from importlib import resources
@@ -106,3 +108,35 @@ def find_case(spec: str) -> list[Case]:
             raise ValueError(f"suite {suite!r} has no case {name!r}; its cases: {[c.name for c in load_suite(suite)]}")
         return matches
     return load_suite(spec)
+
+
+_UNSET_VARIABLE = re.compile(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)\}?")
+
+
+def expand_ref(ref: str, *, key: str = "target") -> str:
+    """Expand ``${VAR}`` in a model or checkpoint reference; an unset variable is a clear error."""
+    expanded = os.path.expandvars(ref)
+    leftover = _UNSET_VARIABLE.search(expanded)
+    if leftover:
+        raise ValueError(
+            f"case {key} {ref!r} uses the environment variable {leftover.group(1)}, which is not set; set it "
+            f"(e.g. for SPECBENCH_SYNTH_DIR run `specbench zoo synth DIR` and export SPECBENCH_SYNTH_DIR=DIR)"
+        )
+    return expanded
+
+
+def unmet_requirements(case: Case) -> str | None:
+    """Why this machine cannot run ``case`` (no CUDA, too little GPU memory), or None."""
+    if not case.device.startswith("cuda") and not case.min_gpu_gib:
+        return None
+    import torch
+
+    from specbench.env import gpu_memory_gib
+
+    if not torch.cuda.is_available():
+        return f"{case.case_id} needs a CUDA device (device={case.device!r}); none is available"
+    if case.min_gpu_gib:
+        found = gpu_memory_gib(0) or 0.0
+        if found < case.min_gpu_gib:
+            return f"{case.case_id} needs {case.min_gpu_gib} GiB of GPU memory, found {found:.1f} GiB"
+    return None

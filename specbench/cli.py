@@ -9,7 +9,7 @@ import sys
 
 from specbench.cases import DEFAULT_TARGET, Case, builtin_suites, find_case
 
-DEFAULT_SUITE = "demo"
+DEFAULT_SUITE = "medusa"  # with no SUITE given, only its CPU cases run (the embedded default)
 
 EPILOG = """examples:
   specbench run                                  # the default suite on CPU, no download
@@ -82,11 +82,25 @@ def _select(cases: list[Case], expression: str | None) -> list[Case]:
     return [c for c in cases if any(w in c.name for w in words)]
 
 
+def _runnable(cases: list[Case]) -> list[Case]:
+    """Drop (and say so) the cases this machine cannot run."""
+    from specbench.cases import unmet_requirements
+
+    kept = []
+    for case in cases:
+        reason = unmet_requirements(case)
+        if reason:
+            print(f"skipped: {reason}", file=sys.stderr)
+        else:
+            kept.append(case)
+    return kept
+
+
 def _run_cases(cases: list[Case], quiet: bool) -> list[dict]:
     from specbench.harness import run_case
 
     if not cases:
-        raise ValueError("no case selected (check SUITE and -k)")
+        raise ValueError("no case to run here (check SUITE, -k, and the skipped cases above)")
     return [run_case(case, progress=not quiet).to_dict() for case in cases]
 
 
@@ -108,8 +122,13 @@ def cmd_run(args: argparse.Namespace) -> int:
         if not args.prompts:
             raise ValueError("--prompts NAME|FILE is required with --proposer")
         cases = [_explicit_case(args)]
+    elif args.spec:
+        cases = _select(find_case(args.spec), args.k)
     else:
-        cases = _select(find_case(args.spec or DEFAULT_SUITE), args.k)
+        cases = _select([c for c in find_case(DEFAULT_SUITE) if c.device == "cpu"], args.k)
+    if args.history:
+        from specbench.report.history import append_results  # noqa: F401 - fail before the long run
+    cases = _runnable(cases)
     results = _run_cases(cases, args.quiet)
     print(results_table(results))
     if args.output:
@@ -120,19 +139,25 @@ def cmd_run(args: argparse.Namespace) -> int:
         _store(results, args.baselines)
         return 0
     passed = True
+    reports = []
     if not args.no_gate:
         store = BaselineStore(args.baselines) if args.baselines else BaselineStore()
         print()
         for result in results:
             report = compare(result, store)
+            reports.append(report.to_dict())
             passed &= report.passed
             print(report.format())
+    if args.history:
+        from specbench.report.history import append_results
+
+        print(f"appended to {append_results(args.history, results, gate_reports=reports or None)}")
     lossless = all(r["correctness"]["exact"] or not r["correctness"]["checked"] for r in results)
     return 0 if passed and lossless else 1
 
 
 def cmd_baselines_regenerate(args: argparse.Namespace) -> int:
-    cases = _select(find_case(args.suite or DEFAULT_SUITE), args.k)
+    cases = _runnable(_select(find_case(args.suite or DEFAULT_SUITE), args.k))
     _store(_run_cases(cases, args.quiet), args.baselines)
     return 0
 
@@ -202,6 +227,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--baselines", metavar="DIR", help="baseline directory (default: $SPECBENCH_BASELINES_DIR or <repo>/baselines)")
     run.add_argument("--no-gate", action="store_true", help="report only; do not compare with stored baselines")
     run.add_argument("--update-baselines", action="store_true", help="store the results as baselines (refused if a lossless check fails)")
+    run.add_argument("--history", metavar="DIR", help="append the results (and gate outcomes) to this results-history directory")
     run.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
     run.set_defaults(func=cmd_run)
 
@@ -227,6 +253,12 @@ def build_parser() -> argparse.ArgumentParser:
     env = sub.add_parser("env", help="print the environment fingerprint stored with every result")
     env.add_argument("--device", default=None, help="device whose GPU to describe (default: cuda:0 if present)")
     env.set_defaults(func=cmd_env)
+
+    from specbench.report.cli import add_report_subcommands
+    from specbench.zoo.build import add_zoo_subcommand
+
+    add_report_subcommands(sub)
+    add_zoo_subcommand(sub)
     return parser
 
 

@@ -14,7 +14,7 @@ import torch
 from tqdm.auto import tqdm
 
 from specbench.atomic_write import write_text_atomic
-from specbench.cases import Case
+from specbench.cases import Case, expand_ref
 from specbench.checkpoints.tiny import BUILTIN_TARGETS, synthetic_prompts
 from specbench.engine.decode import Decoder, GenerationConfig, GenerationResult
 from specbench.engine.hf_target import HFTarget
@@ -40,8 +40,9 @@ def load_target(case: Case):
         return HFTarget(BUILTIN_TARGETS[case.target](dtype).to(case.device)), None
     from specbench.checkpoints.resolve import load_target_model, resolve_model_dir
 
-    model = load_target_model(case.target, dtype=dtype, device=case.device)
-    directory = resolve_model_dir(case.target)
+    reference = expand_ref(case.target)
+    model = load_target_model(reference, dtype=dtype, device=case.device)
+    directory = resolve_model_dir(reference)
     tokenizer = None
     if any((directory / name).exists() for name in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
         from transformers import AutoTokenizer
@@ -178,6 +179,8 @@ def run_case(case: Case, *, progress: bool = True, target=None, tokenizer=None) 
         target, tokenizer = load_target(case)
     proposer_options = dict(case.proposer)
     proposer_name = proposer_options.pop("name")
+    if "path" in proposer_options:
+        proposer_options["path"] = expand_ref(proposer_options["path"], key="proposer.path")
     proposer = None if proposer_name == "none" else create_proposer(proposer_name, target, **proposer_options)
     sampling = SamplingParams(**case.sampling)
     eos = ()

@@ -10,6 +10,7 @@ Options
     ``--specbench-update-baselines``  store each gated result as its case's baseline (refused when the
                                       run fails its correctness check) instead of gating it
     ``--specbench-results PATH``      append every case result as one JSON line (safe under xdist)
+    ``--specbench-history DIR``       append every result and its gate outcome to a results history
     ``--specbench-baselines DIR``     baseline directory (default ``$SPECBENCH_BASELINES_DIR`` or ./baselines)
 Fixtures
     ``specbench_run(case)``   run a Case (or "suite/name") through the harness, record, then gate it
@@ -47,6 +48,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="store each case result as its baseline instead of gating it")
     group.addoption("--specbench-results", metavar="PATH", default=None,
                     help="append every case result to PATH as JSON lines")
+    group.addoption("--specbench-history", metavar="DIR", default=None,
+                    help="append every case result and its gate outcome to this results-history directory")
     group.addoption("--specbench-baselines", metavar="DIR", default=None,
                     help="baseline directory (default: $SPECBENCH_BASELINES_DIR or ./baselines)")
 
@@ -126,6 +129,11 @@ class _Gatekeeper:
             sys.stdout.write(diff.format() + "\n")
             return result
         report = compare(result, BaselineStore(baselines_dir) if baselines_dir else None)
+        history = config.getoption("--specbench-history")
+        if history:
+            from specbench.report.history import append_results
+
+            append_results(history, [result], gate_reports=[report])
         self.node.user_properties.append(("specbench.gate", "pass" if report.passed else "fail"))
         row.update(status="pass" if report.passed else "FAIL", detail=report.format(only_problems=True))
         config.stash[RESULTS_KEY].append(row)
@@ -198,14 +206,17 @@ def skip_unless_available(case) -> None:
     from specbench.checkpoints.resolve import ModelUnavailable, resolve_model_dir
     from specbench.checkpoints.tiny import BUILTIN_TARGETS
     from specbench.datasets import DatasetUnavailable, load_prompts
+    from specbench.zoo.registry import ZooArtifactMissing
 
-    refs = [case.target] if case.target not in BUILTIN_TARGETS else []
+    from specbench.cases import expand_ref
+
+    refs = [("target", case.target)] if case.target not in BUILTIN_TARGETS else []
     if case.proposer.get("path"):
-        refs.append(case.proposer["path"])
-    for ref in refs:
+        refs.append(("proposer.path", case.proposer["path"]))
+    for key, ref in refs:
         try:
-            resolve_model_dir(ref)
-        except ModelUnavailable as err:
+            resolve_model_dir(expand_ref(ref, key=key))
+        except (ModelUnavailable, ZooArtifactMissing, ValueError) as err:
             pytest.skip(f"{case.case_id}: {err}")
     prompts = case.prompts.get("name")
     if prompts and prompts != "synthetic":

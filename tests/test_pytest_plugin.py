@@ -133,3 +133,15 @@ def test_junitxml_carries_metrics(pytester, tests_dir):
     pytester.runpytest("--specbench-baselines", str(baselines), f"--junitxml={xml}").assert_outcomes(passed=1)
     text = xml.read_text()
     assert 'name="specbench.acceptance_rate"' in text and 'name="specbench.gate" value="pass"' in text
+
+
+def test_history_option_records_results_and_gate_outcomes(pytester, tests_dir):
+    from specbench.report.history import load_history
+
+    baselines = pytester.path / "baselines"
+    history = pytester.path / "history"
+    gated(pytester, tests_dir)
+    pytester.runpytest("--specbench-baselines", str(baselines), "--specbench-update-baselines").assert_outcomes(passed=1)
+    pytester.runpytest("--specbench-baselines", str(baselines), "--specbench-history", str(history)).assert_outcomes(passed=1)
+    frame = load_history(history)
+    assert len(frame) == 1 and frame.iloc[0]["case_id"] == "medusa/medusa-chain-k3"

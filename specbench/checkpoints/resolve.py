@@ -80,6 +80,11 @@ def resolve_model_dir(ref: str | os.PathLike, *, allow_download: bool | None = N
     if not isinstance(ref, (str, os.PathLike)):
         raise TypeError(f"model reference must be a str or os.PathLike, got {type(ref).__name__}")
     ref_str = os.fspath(ref)
+    from specbench.zoo.registry import resolve_zoo_ref  # specbench's own reference models, by short name
+
+    zoo_path = resolve_zoo_ref(ref_str)
+    if zoo_path is not None:
+        return zoo_path
     _check_ref_string(ref_str)
 
     local = Path(ref_str).expanduser()

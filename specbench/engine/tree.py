@@ -176,6 +176,11 @@ def load_tree(spec: TreeSpec) -> TreeBuffers:
             raise FileNotFoundError(f"Medusa tree file {file} does not exist")
         return TreeBuffers.from_paths(_read_tree_file(file), name=file.stem)
     name = str(spec)
+    from specbench.zoo.registry import resolve_zoo_ref  # trees calibrated for the reference models
+
+    zoo_tree = resolve_zoo_ref(name)
+    if zoo_tree is not None:
+        return TreeBuffers.from_paths(_read_tree_file(zoo_tree), name=name)
     shipped = SHIPPED_TREES_DIR / f"{name}.json"
     if shipped.is_file():
         return TreeBuffers.from_paths(_read_tree_file(shipped), name=name)

@@ -1,0 +1,236 @@
+"""``specbench report`` (dashboard, CI summary, JSON) and ``specbench check`` (gate stored results outside
+pytest, optionally recording them in the history). ``specbench.cli`` registers both through
+:func:`add_report_subcommands`; :func:`main` runs them alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+
+from specbench.atomic_write import write_text_atomic
+from specbench.baselines import BaselineError, BaselineStore, compare, default_baselines_dir
+from specbench.report.history import (
+    HistoryError,
+    append_results,
+    default_history_dir,
+    load_history,
+    result_from_row,
+)
+
+REPORT_EPILOG = """examples:
+  specbench report                                     # HTML dashboard in ./specbench-report/index.html
+  specbench report --format markdown >> "$GITHUB_STEP_SUMMARY"
+  specbench report --format json --out report/         # report/report.json
+  specbench report --screenshot report.png             # also render the page in headless Chromium
+"""
+CHECK_EPILOG = """examples:
+  specbench check --results results.jsonl              # gate a pytest --specbench-results file
+  specbench check --results r.json --history hist/     # gate, then record the runs in the history
+  specbench check --history hist/                      # gate the latest stored run of each case
+exit status: 0 all gates pass, 1 a regression or failed check (each named), 2 bad input
+"""
+
+
+def load_results(paths: list[str]) -> list[tuple[str, dict]]:
+    """(source, result) of every result in the files: ``.jsonl`` one result per line (the pytest plugin's
+    ``--specbench-results``), otherwise one JSON document holding a result or ``{"results": [...]}``
+    (``specbench run --output``). Raises HistoryError naming the file and line of anything else."""
+    out = []
+    for name in paths:
+        path = Path(name)
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (FileNotFoundError, IsADirectoryError, PermissionError) as err:
+            raise HistoryError(f"{path}: cannot read the results file ({err.strerror})") from None
+        if path.suffix == ".jsonl":
+            documents = [(f"{path}:{n}", line) for n, line in enumerate(text.split("\n"), start=1) if line.strip()]
+        else:
+            documents = [(str(path), text)]
+        for source, document in documents:
+            try:
+                data = json.loads(document)
+            except json.JSONDecodeError as err:
+                raise HistoryError(f"{source}: not valid JSON ({err.msg} at line {err.lineno}, column {err.colno}); "
+                                   "a .jsonl file needs one whole result per line") from None
+            items = data["results"] if isinstance(data, dict) and isinstance(data.get("results"), list) else [data]
+            for i, result in enumerate(items):
+                where = source if len(items) == 1 else f"{source} results[{i}]"
+                _validate_result(result, where)
+                out.append((where, result))
+    if not out:
+        raise HistoryError(f"no results in {', '.join(paths)}")
+    return out
+
+
+def _validate_result(result, where: str) -> None:
+    if not isinstance(result, dict):
+        raise HistoryError(f"{where}: expected a run result object, found {type(result).__name__}")
+    case = result.get("case") if isinstance(result.get("case"), dict) else {}
+    has_id = bool(result.get("case_id")) or (bool(case.get("suite")) and bool(case.get("name")))
+    missing = [k for k, ok in (("metrics", isinstance(result.get("metrics"), dict)), ("case_id", has_id)) if not ok]
+    if missing:
+        raise HistoryError(f"{where}: run result lacks {missing} (expected the RESULT_SCHEMA keys case_id, case, "
+                           f"metrics, requests, correctness, env; found {sorted(result)})")
+
+
+def _store(path: str | None, *, required: bool) -> BaselineStore | None:
+    directory = Path(path) if path else default_baselines_dir()
+    if not directory.is_dir():
+        if path or required:
+            raise HistoryError(f"baseline directory {directory} does not exist; pass --baselines DIR")
+        return None
+    return BaselineStore(directory)
+
+
+def _latest_runs(history_dir: str) -> list[tuple[str, dict]]:
+    history = load_history(history_dir)
+    if history.empty:
+        raise HistoryError(f"history directory {history_dir} holds no records")
+    latest = history.groupby(["case_id", "hardware_class"], sort=True).tail(1)
+    return [(f"{history_dir}/{row['source']}", result_from_row(row)) for _, row in latest.iterrows()]
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    if not args.results and not args.history:
+        raise HistoryError("nothing to check: give --results FILE... and/or --history DIR")
+    store = _store(args.baselines, required=True)
+    runs = load_results(args.results) if args.results else _latest_runs(args.history)
+    reports, failures = [], []
+    for source, result in runs:
+        report = compare(result, store)
+        reports.append(report)
+        failures += report.failures
+        print(report.format() + f"\n  (from {source})")
+    if args.results and args.history:
+        path = append_results(args.history, [r for _, r in runs], gate_reports=reports)
+        print(f"recorded {len(runs)} runs in {path}")
+    if failures:
+        print(f"\nspecbench check: {len(failures)} failing checks in "
+              f"{sum(not r.passed for r in reports)} of {len(reports)} cases:")
+        for c in failures:
+            tolerance = "n/a (absolute requirement)" if c.tolerance is None else f"{c.tolerance * 100:g}%"
+            print(f"  {c.case_id}: {c.name} {c.status}: baseline {_number(c.baseline)}, measured "
+                  f"{_number(c.measured)}, tolerance {tolerance}" + (f" ({c.reason})" if c.reason else ""))
+        return 1
+    print(f"\nspecbench check: all {len(reports)} cases pass")
+    return 0
+
+
+def _number(value) -> str:
+    return "undefined" if value is None or value != value else f"{value:.4g}"
+
+
+def report_payload(history, regressions, status, source: str) -> dict:
+    """The machine-readable report (``--format json``)."""
+    return {"schema": 1, "generated_at": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "history": source, "num_runs": len(history),
+            "cases": sorted(history["case_id"].unique().tolist()),
+            "hardware_classes": sorted(history["hardware_class"].unique().tolist()),
+            "regressions": [r.to_dict() for r in regressions], "status": [row.to_dict() for row in status]}
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from specbench.report.changes import detect_regressions
+    from specbench.report.status import status_rows
+
+    if args.screenshot and args.format != "html":
+        raise HistoryError("--screenshot renders the HTML report; drop --format or use --format html")
+    history_dir = Path(args.history) if args.history else default_history_dir()
+    history = load_history(history_dir)
+    store = _store(args.baselines, required=False)
+    case_ids = history["case_id"].unique().tolist()
+    overrides = {c: (store.entry(c) or {}).get("tolerances") for c in case_ids} if store else {}
+    regressions = detect_regressions(history, baseline_tolerances=overrides)
+    status = status_rows(history, store)
+    if args.format == "markdown":
+        from specbench.report.markdown import render_markdown
+
+        return _emit(render_markdown(history, regressions, status), args.out, "summary.md")
+    if args.format == "json":
+        payload = report_payload(history, regressions, status, str(history_dir))
+        return _emit(json.dumps(payload, indent=2, allow_nan=False) + "\n", args.out, "report.json")
+    from specbench.report.html import render_html, write_html_report
+
+    path = write_html_report(args.out or "specbench-report",
+                             render_html(history, regressions, status, source=str(history_dir)))
+    print(f"wrote {path} ({len(history)} runs, {len(regressions)} flagged regressions)")
+    if args.screenshot:
+        from specbench.report.screenshot import BrowserUnavailable, capture
+
+        try:
+            shot = capture(path, screenshot=args.screenshot)
+        except BrowserUnavailable as err:
+            raise HistoryError(str(err)) from None
+        for line in shot.console:
+            print(f"console: {line}", file=sys.stderr)
+        print(f"wrote {shot.screenshot}")
+    return 0
+
+
+def _emit(text: str, out: str | None, name: str) -> int:
+    if out is None:
+        sys.stdout.write(text)
+        return 0
+    path = Path(out) / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(path, text)
+    print(f"wrote {path}", file=sys.stderr)
+    return 0
+
+
+def _guarded(command):
+    """Bad input (unreadable files, broken baselines or history) -> one line on stderr and exit status 2."""
+    def run(args: argparse.Namespace) -> int:
+        try:
+            return command(args)
+        except (ValueError, BaselineError, FileNotFoundError) as err:  # HistoryError is a ValueError
+            print(f"specbench {args.command}: error: {err}", file=sys.stderr)
+            return 2
+    return run
+
+
+def add_report_subcommands(subparsers) -> None:
+    """Register ``report`` and ``check`` on an argparse subparsers object (``dest="command"``)."""
+    report = subparsers.add_parser(
+        "report", help="render the results history: HTML dashboard, Markdown CI summary or JSON",
+        description="Read the results history, flag step regressions over it (per case x metric x hardware class) "
+        "and compare the latest run of each case with its baseline.",
+        formatter_class=argparse.RawDescriptionHelpFormatter, epilog=REPORT_EPILOG)
+    report.add_argument("--history", metavar="DIR", help="history directory (default: $SPECBENCH_HISTORY_DIR or "
+                        "<repo>/.specbench/history)")
+    report.add_argument("--out", metavar="DIR", help="output folder (html default: specbench-report; markdown and "
+                        "json print to stdout unless given)")
+    report.add_argument("--baselines", metavar="DIR", help="baseline directory (default: $SPECBENCH_BASELINES_DIR "
+                        "or <repo>/baselines; when absent the gate outcome recorded with each run is shown)")
+    report.add_argument("--format", choices=("html", "markdown", "json"), default="html")
+    report.add_argument("--screenshot", metavar="PNG", help="also render the HTML page in headless Chromium to PNG")
+    report.set_defaults(func=_guarded(cmd_report))
+
+    check = subparsers.add_parser(
+        "check", help="gate stored results against the baselines (exit 1 on a regression)",
+        description="Gate stored run results against the stored baselines, as the pytest plugin does, and print "
+        "every GateReport. With --results and --history the gated runs are also appended to the history.",
+        formatter_class=argparse.RawDescriptionHelpFormatter, epilog=CHECK_EPILOG)
+    check.add_argument("--results", nargs="+", metavar="FILE", help="results files (.jsonl: one result per line; "
+                       ".json: a result or {\"results\": [...]})")
+    check.add_argument("--history", metavar="DIR", help="history directory: record the results there, or without "
+                       "--results gate the latest stored run of each case and hardware class")
+    check.add_argument("--baselines", metavar="DIR", help="baseline directory (default: $SPECBENCH_BASELINES_DIR "
+                       "or <repo>/baselines)")
+    check.set_defaults(func=_guarded(cmd_check))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``report`` and ``check`` alone (what ``specbench report|check`` runs)."""
+    parser = argparse.ArgumentParser(prog="specbench")
+    add_report_subcommands(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
