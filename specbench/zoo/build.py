@@ -1,0 +1,385 @@
+"""``specbench zoo build``: train and package the project's own GSM8K reference models — a BPE
+tokenizer, a small Llama target, Medusa-1 heads, calibrated Medusa trees and a draft model — with a
+build record of everything measured. Also the ``zoo`` command line (build, install, summary, list).
+
+Output: ``OUT_DIR/gsm8k-tiny/{target,medusa,draft,trees,build_record.json}``, written into a
+temporary sibling and renamed into place when complete. Prompts are zero-shot
+(``Question: <q>\\nAnswer:``), exactly the prefix of every training document.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from specbench.checkpoints.medusa import load_medusa_heads, save_medusa_heads
+from specbench.env import environment_fingerprint
+from specbench.proposers.medusa_heads import MedusaHeads, MedusaHeadsConfig
+from specbench.proposers.medusa_training import head_topk_accuracy, train_medusa_heads
+from specbench.proposers.tree_calibration import calibrate_tree, expected_acceptance_length, rank_accuracies, save_tree_json
+from specbench.zoo.acceptance import measure_medusa_acceptance
+from specbench.zoo.build_record import RECORD_SCHEMA_VERSION, StageTimer, directory_bytes, library_versions, loss_summary, read_record, write_record
+from specbench.zoo.config import SCALES, ZooBuildConfig
+from specbench.zoo.corpus import DATA_DIR_ENV, document_text, prompt_text, read_split
+from specbench.zoo.lm_training import build_llama, evaluate_lm, train_causal_lm
+from specbench.zoo.registry import ARTIFACTS_DIR, REFERENCES, find_build_dir, install_build, make_readable, resolve_zoo_ref, zoo_root
+from specbench.zoo.self_distillation import answer_prefix_prompts, collect_continuations, continuation_documents
+from specbench.zoo.tokenizer import encode_documents, train_tokenizer
+
+TARGET_REF = "specbench-ref/gsm8k-tiny"  # written into the Medusa config as base_model_name_or_path
+MAX_TOTAL_BYTES = 25_000_000  # the zoo ships inside the package and travels with it to GPU machines
+PROMPT_FORMAT = "zero-shot: 'Question: <question>\\nAnswer:' (specbench.datasets.format_gsm8k_prompt, no exemplars)"
+_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+# offsets from the build seed, one per random stream, so changing one stage never shifts another
+_SEED_OFFSETS = {"target_init": 0, "target_data": 1, "heads_init": 2, "heads_data": 3, "prefix_cuts": 4, "draft_init": 5, "draft_data": 6}
+
+
+def _save_lm(model, tokenizer, directory: Path, dtype: str) -> None:
+    model.to(_DTYPES[dtype]).save_pretrained(directory, safe_serialization=True)
+    tokenizer.save_pretrained(directory)
+
+
+def _load_lm(directory: Path, device: torch.device):
+    """The shipped weights, read back in fp32: every measurement is of what users will load."""
+    model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32, local_files_only=True)
+    return model.to(device).eval()
+
+
+def _prompt_ids(tokenizer, questions: list[str]) -> list[list[int]]:
+    return tokenizer([prompt_text(q) for q in questions], add_special_tokens=False)["input_ids"]
+
+
+def _checks(config: ZooBuildConfig, acceptance: dict, total_bytes: int, largest_tree: str) -> dict[str, bool]:
+    checks = {}
+    if config.min_chain_acceptance is not None:
+        rate = acceptance[f"chain_k{config.eval_chain_k}"]["acceptance_rate"]
+        checks[f"chain_k{config.eval_chain_k}_acceptance>={config.min_chain_acceptance}"] = rate >= config.min_chain_acceptance
+    if config.min_tree_mal is not None:
+        mal = acceptance[f"tree_{largest_tree}"]["mean_acceptance_length"]
+        checks[f"tree_{largest_tree}_mean_acceptance_length>={config.min_tree_mal}"] = mal >= config.min_tree_mal
+    if config.min_chain_acceptance is not None or config.min_tree_mal is not None:  # the full scale
+        checks[f"total_bytes<={MAX_TOTAL_BYTES}"] = total_bytes <= MAX_TOTAL_BYTES
+    return checks
+
+
+def _run_pipeline(staging: Path, config: ZooBuildConfig, scale: str, data_dir, device: torch.device, seed: int, progress: bool) -> dict:
+    timer = StageTimer()
+    seeds = {stage: seed + offset for stage, offset in _SEED_OFFSETS.items()}
+
+    with timer.stage("data"):
+        train_split, test_split = read_split(data_dir, "train"), read_split(data_dir, "test")
+        records = train_split.records[: config.num_train_records]
+        if len(records) <= config.num_heldout or len(test_split.records) < config.eval_num_prompts:
+            raise ValueError(
+                f"{train_split.path}: {len(records)} train records for {config.num_heldout} held out, and "
+                f"{test_split.path}: {len(test_split.records)} test records for {config.eval_num_prompts} evaluation "
+                "prompts; use the complete GSM8K files"
+            )
+        cut = len(records) - config.num_heldout - config.num_distill_only_records
+        train_records, heldout_records = records[:cut], records[-config.num_heldout :]
+        # questions the target never trains on: continuations of them look like test-time ones
+        distill_records = records[cut : -config.num_heldout] or train_records
+
+    with timer.stage("tokenizer"):
+        tokenizer = train_tokenizer([document_text(r) for r in records[: -config.num_heldout]], config.vocab_size, config.max_context)
+        train_docs = encode_documents(tokenizer, [document_text(r) for r in train_records])
+        distill_docs = encode_documents(tokenizer, [document_text(r) for r in distill_records])
+        heldout_docs = encode_documents(tokenizer, [document_text(r) for r in heldout_records])
+
+    with timer.stage("target"):
+        target = build_llama(config.target, len(tokenizer), config.max_context, tokenizer.eos_token_id, tokenizer.pad_token_id, seeds["target_init"])
+        target_losses = train_causal_lm(target, train_docs, config.target_training, seed=seeds["target_data"], device=device, desc="target", progress=progress)
+        _save_lm(target, tokenizer, staging / "target", config.weights_dtype)
+        target = _load_lm(staging / "target", device)
+        tokenizer = AutoTokenizer.from_pretrained(staging / "target")
+        target_heldout = evaluate_lm(target, heldout_docs, seq_len=config.target_training.seq_len)
+
+    with timer.stage("self_distillation"):
+        train_prompts = _prompt_ids(tokenizer, [r["question"] for r in distill_records])
+        train_prompts += answer_prefix_prompts(distill_docs, [len(p) for p in train_prompts], config.num_answer_prefix_prompts, seeds["prefix_cuts"],
+                                               max_length=config.target_training.seq_len - config.distill_max_new_tokens)
+        heldout_prompts = _prompt_ids(tokenizer, [r["question"] for r in heldout_records])
+        collect = dict(batch_size=config.distill_batch_size, progress=progress)
+        hidden, tokens = collect_continuations(target, train_prompts, config.distill_max_new_tokens, **collect)
+        heldout_hidden, heldout_tokens = collect_continuations(target, heldout_prompts, config.distill_max_new_tokens, **collect)
+
+    with timer.stage("medusa"):
+        heads_config = MedusaHeadsConfig(config.medusa_num_heads, config.medusa_num_layers, target.config.hidden_size, target.config.vocab_size)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seeds["heads_init"])
+            heads = MedusaHeads(heads_config)
+        heads.init_from_lm_head(target.lm_head.weight.detach().cpu())
+        head_losses = train_medusa_heads(
+            heads, hidden, tokens, steps=config.heads_steps, lr=config.heads_lr, batch_size=config.heads_batch_size,
+            seed=seeds["heads_data"], device=device, head_decay=config.heads_decay, progress=progress,
+        )
+        save_medusa_heads(heads.to(_DTYPES[config.weights_dtype]), staging / "medusa", layout="fasterdecoding",
+                          base_model_name_or_path=TARGET_REF, weights_format="safetensors")
+        heads = load_medusa_heads(staging / "medusa", hidden_size=heads_config.hidden_size, vocab_size=heads_config.vocab_size, dtype=torch.float32).to(device)
+        topk = head_topk_accuracy(heads, heldout_hidden, heldout_tokens, config.tree_top_k)  # (heads, k) cumulative
+
+    with timer.stage("trees"):
+        per_rank = rank_accuracies(topk)  # (heads, k)
+        trees = {}
+        for size in config.tree_sizes:
+            paths = calibrate_tree(per_rank, size)
+            tree_name = f"{config.name}-{size}"
+            expected = expected_acceptance_length(paths, per_rank)
+            save_tree_json(paths, staging / "trees" / f"{tree_name}.json", metadata={
+                "name": tree_name, "num_nodes": len(paths), "expected_mean_acceptance_length": expected,
+                "calibrated_for": f"specbench-ref/{config.name}-medusa", "top_k": config.tree_top_k,
+                "accuracy_source": f"{len(heldout_prompts)} held-out GSM8K train questions, greedy continuations",
+            })
+            trees[str(size)] = {"name": tree_name, "paths": paths, "num_nodes": len(paths), "expected_mean_acceptance_length": expected}
+
+    with timer.stage("acceptance"):
+        eval_prompts = _prompt_ids(tokenizer, [r["question"] for r in test_split.records[: config.eval_num_prompts]])
+        settings = {f"chain_k{config.eval_chain_k}": {"num_speculative_tokens": config.eval_chain_k}}
+        settings.update({f"tree_{size}": {"tree": tree["paths"]} for size, tree in trees.items()})
+        acceptance = measure_medusa_acceptance(target, heads, eval_prompts, settings, max_new_tokens=config.eval_max_new_tokens,
+                                               eos_token_id=tokenizer.eos_token_id, progress=progress)
+
+    with timer.stage("draft"):
+        draft_docs, _ = continuation_documents(train_prompts, tokens)
+        heldout_continuations, heldout_starts = continuation_documents(heldout_prompts, heldout_tokens)
+        draft = build_llama(config.draft, len(tokenizer), config.max_context, tokenizer.eos_token_id, tokenizer.pad_token_id, seeds["draft_init"])
+        draft_losses = train_causal_lm(draft, draft_docs, config.draft_training, seed=seeds["draft_data"], device=device, desc="draft", progress=progress)
+        _save_lm(draft, tokenizer, staging / "draft", config.weights_dtype)
+        draft = _load_lm(staging / "draft", device)
+        # teacher-forced top-1 agreement with the target's own greedy tokens: what a draft chain needs
+        draft_agreement = evaluate_lm(draft, heldout_continuations, seq_len=config.draft_training.seq_len, score_from=heldout_starts)
+
+    sizes = {part: directory_bytes(staging / part) for part in ("target", "medusa", "draft", "trees")}
+    sizes["total"] = sum(sizes.values())
+    largest_tree = str(max(config.tree_sizes))
+    checks = _checks(config, acceptance, sizes["total"], largest_tree)
+    return {
+        "schema": RECORD_SCHEMA_VERSION,
+        "name": config.name,
+        "status": "complete",
+        "scale": scale,
+        "seed": seed,
+        "device": str(device),
+        "data": {
+            "train": {"path": str(train_split.path), "sha256": train_split.sha256, "records_used": len(records)},
+            "test": {"path": str(test_split.path), "sha256": test_split.sha256, "records_used": config.eval_num_prompts},
+            "num_train_documents": len(train_docs),
+            "num_heldout_documents": len(heldout_docs),
+            "num_distill_only_documents": config.num_distill_only_records,
+            "prompt_format": PROMPT_FORMAT,
+        },
+        "config": config.to_dict(),
+        "environment": environment_fingerprint(device=str(device), dtype=config.weights_dtype),
+        "libraries": library_versions(),
+        "tokenizer": {
+            "vocab_size": len(tokenizer), "eos_token_id": tokenizer.eos_token_id, "pad_token_id": tokenizer.pad_token_id,
+            "mean_document_tokens": sum(map(len, train_docs)) / len(train_docs),
+        },
+        "target": {
+            "num_parameters": sum(p.numel() for p in target.parameters()),
+            **loss_summary(target_losses),
+            "heldout_loss": target_heldout["loss"],
+            "heldout_top1_accuracy": target_heldout["top1_accuracy"],
+        },
+        "medusa": {
+            "num_distill_sequences": len(train_prompts),
+            "num_heldout_sequences": len(heldout_prompts),
+            **loss_summary(head_losses),
+            "top1_accuracy": topk[:, 0].tolist(),
+            "top5_accuracy": topk[:, min(4, topk.shape[1] - 1)].tolist(),
+            "topk_accuracy": topk.tolist(),
+        },
+        "trees": {size: {k: v for k, v in tree.items() if k != "paths"} for size, tree in trees.items()},
+        "acceptance": {
+            "prompts": f"first {config.eval_num_prompts} GSM8K test questions, {PROMPT_FORMAT}",
+            "max_new_tokens": config.eval_max_new_tokens, "greedy": True, "stop_at_eos": True, "dtype": "float32",
+            **acceptance,
+        },
+        "draft": {
+            "num_parameters": sum(p.numel() for p in draft.parameters()),
+            "num_train_documents": len(draft_docs),
+            **loss_summary(draft_losses),
+            "heldout_continuation_loss": draft_agreement["loss"],
+            "heldout_top1_agreement_with_target": draft_agreement["top1_accuracy"],
+        },
+        "sizes_bytes": sizes,
+        "checks": checks,
+        "passed": all(checks.values()),
+        "wall_time_s": timer.total(),
+    }
+
+
+def build_zoo(
+    out_dir: str | os.PathLike,
+    config: ZooBuildConfig,
+    *,
+    scale: str = "custom",
+    data_dir: str | os.PathLike | None = None,
+    device: str | torch.device = "cpu",
+    seed: int = 0,
+    overwrite: bool = False,
+    progress: bool = True,
+) -> Path:
+    """Build the zoo into ``out_dir/<config.name>`` and return that directory. Everything is written
+    into a temporary sibling first; a failed build leaves nothing behind."""
+    out_dir = Path(out_dir)
+    final = out_dir / config.name
+    if final.exists() and not overwrite:
+        raise FileExistsError(f"{final} already exists; pass --overwrite to replace it or choose another OUT_DIR")
+    device = torch.device(device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {device} asked for, but torch {torch.__version__} sees no CUDA GPU; use --device cpu")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{config.name}.", suffix=".partial", dir=out_dir))
+    try:
+        write_record(staging, _run_pipeline(staging, config, scale, data_dir, device, seed, progress))
+        make_readable(staging)
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(staging, final)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return final
+
+
+def headline(record: dict) -> str:
+    """The numbers a person checks after a build, one per line."""
+    acc, medusa = record["acceptance"], record["medusa"]
+    lines = [
+        f"zoo build {record['name']} ({record['scale']}, seed {record['seed']}, {record['device']}): "
+        f"{'PASSED' if record['passed'] else 'FAILED'} in {record['wall_time_s']['total']:.0f} s",
+        f"  target  {record['target']['num_parameters']:,} params, train loss {record['target']['final_loss']:.3f}, "
+        f"held-out loss {record['target']['heldout_loss']:.3f}",
+        "  medusa  top-1 " + "/".join(f"{x:.2f}" for x in medusa["top1_accuracy"])
+        + ", top-5 " + "/".join(f"{x:.2f}" for x in medusa["top5_accuracy"]),
+    ]
+    for name, tree in record["trees"].items():
+        lines.append(f"  tree {tree['name']}: {tree['num_nodes']} nodes, expected MAL {tree['expected_mean_acceptance_length']:.2f}")
+    for name, result in acc.items():
+        if isinstance(result, dict):
+            lines.append(f"  measured {name}: acceptance {result['acceptance_rate']:.3f}, MAL {result['mean_acceptance_length']:.2f}, "
+                         f"outputs match chain: {result['outputs_match_first']}")
+    draft = record["draft"]
+    lines.append(f"  draft   {draft['num_parameters']:,} params, top-1 agreement with target {draft['heldout_top1_agreement_with_target']:.3f}")
+    lines.append("  sizes   " + ", ".join(f"{k} {v / 1e6:.2f} MB" for k, v in record["sizes_bytes"].items()))
+    lines += [f"  check {name}: {'ok' if ok else 'FAILED'}" for name, ok in record["checks"].items()]
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------- command line
+
+
+def _default_device() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def cmd_build(args: argparse.Namespace) -> int:
+    config = SCALES[args.scale]
+    overrides = {"vocab_size": args.vocab_size, "heads_steps": args.heads_steps, "eval_num_prompts": args.eval_prompts,
+                 "num_answer_prefix_prompts": args.answer_prefix_prompts, "num_distill_only_records": args.distill_only_records}
+    config = dataclasses.replace(config, **{k: v for k, v in overrides.items() if v is not None})
+    for field, steps in (("target_training", args.target_steps), ("draft_training", args.draft_steps)):
+        if steps is not None:
+            config = dataclasses.replace(config, **{field: dataclasses.replace(getattr(config, field), steps=steps)})
+    built = build_zoo(args.out_dir, config, scale=args.scale, data_dir=args.data_dir, device=args.device, seed=args.seed,
+                      overwrite=args.overwrite, progress=not args.quiet)
+    record = read_record(built)
+    print(headline(record))
+    print(f"wrote {built}")
+    if args.install:
+        if not record["passed"]:
+            print(f"not installed: the build failed its checks; inspect {built}/build_record.json", file=sys.stderr)
+            return 1
+        print(f"installed into {install_build(built)}")
+    return 0 if record["passed"] else 1
+
+
+def cmd_install(args: argparse.Namespace) -> int:
+    print(f"installed into {install_build(args.build_dir, force=args.force)}")
+    return 0
+
+
+def cmd_summary(args: argparse.Namespace) -> int:
+    print(headline(read_record(find_build_dir(args.build_dir))))
+    return 0
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    print(f"zoo directory: {zoo_root()}")
+    for name in REFERENCES:
+        try:
+            print(f"  {name}: {resolve_zoo_ref(name)}")
+        except FileNotFoundError:
+            print(f"  {name}: not installed ({zoo_root() / 'gsm8k-tiny' / REFERENCES[name]})")
+    return 0
+
+
+def _add_zoo_commands(parser: argparse.ArgumentParser) -> None:
+    commands = parser.add_subparsers(dest="zoo_command", required=True)
+    build = commands.add_parser(
+        "build", help="train the GSM8K reference models (tokenizer, target, Medusa heads, trees, draft)",
+        description="Train and package specbench's GSM8K reference models into OUT_DIR/gsm8k-tiny/ with a build "
+        f"record. Reads GSM8K JSONL from --data-dir or ${DATA_DIR_ENV}; never downloads.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    build.add_argument("out_dir", help="output directory; the build goes to OUT_DIR/gsm8k-tiny/")
+    build.add_argument("--data-dir", default=None, help=f"directory holding gsm8k/train.jsonl and gsm8k/test.jsonl (default ${DATA_DIR_ENV})")
+    build.add_argument("--device", default=_default_device(), help="torch device: cuda (full scale, minutes) or cpu")
+    build.add_argument("--scale", choices=sorted(SCALES), default="full", help="full: the shipped models; test: a miniature for CPU tests")
+    build.add_argument("--seed", type=int, default=0)
+    build.add_argument("--vocab-size", type=int, help="override the scale's BPE vocabulary size")
+    build.add_argument("--target-steps", type=int, help="override the target's training steps")
+    build.add_argument("--heads-steps", type=int, help="override the Medusa heads' training steps")
+    build.add_argument("--draft-steps", type=int, help="override the draft's training steps")
+    build.add_argument("--answer-prefix-prompts", type=int, help="override the extra self-distillation prompts (question + cut answer)")
+    build.add_argument("--distill-only-records", type=int, help="override the train records kept for self-distillation only")
+    build.add_argument("--eval-prompts", type=int, help="override the number of GSM8K test questions for the acceptance check")
+    build.add_argument("--overwrite", action="store_true", help="replace an existing OUT_DIR/gsm8k-tiny")
+    build.add_argument("--install", action="store_true", help=f"when the build passes its checks, install it into {ARTIFACTS_DIR}")
+    build.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
+    build.set_defaults(func=cmd_build)
+
+    install = commands.add_parser("install", help="copy a finished build into the package's zoo directory (atomically)")
+    install.add_argument("build_dir", help="OUT_DIR of a build, or OUT_DIR/gsm8k-tiny")
+    install.add_argument("--force", action="store_true", help="install even if the build failed its checks")
+    install.set_defaults(func=cmd_install)
+
+    summary = commands.add_parser("summary", help="print the headline numbers of a finished build")
+    summary.add_argument("build_dir", help="OUT_DIR of a build, or OUT_DIR/gsm8k-tiny")
+    summary.set_defaults(func=cmd_summary)
+
+    listing = commands.add_parser("list", help="zoo names and the paths they resolve to")
+    listing.set_defaults(func=cmd_list)
+
+
+def add_zoo_subcommand(subparsers) -> argparse.ArgumentParser:
+    """Add ``zoo {build,install,summary,list}`` to a CLI's subparsers; each sets ``func(args) -> int``."""
+    zoo = subparsers.add_parser("zoo", help="build, install and locate specbench's own reference models",
+                                description="specbench's own small GSM8K reference models (target, Medusa heads, trees, draft).")
+    _add_zoo_commands(zoo)
+    return zoo
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m specbench.zoo.build {build,install,summary,list} ...`` (the same as ``specbench zoo``)."""
+    parser = argparse.ArgumentParser(prog="python -m specbench.zoo.build", description=add_zoo_subcommand.__doc__)
+    _add_zoo_commands(parser)
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except (ValueError, FileNotFoundError, FileExistsError) as err:
+        print(f"specbench zoo: error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

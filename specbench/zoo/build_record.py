@@ -1,0 +1,114 @@
+"""The build record of a zoo build (``build_record.json``): what was built from what, with which
+libraries, how training went and what it measured, so a rebuild can be compared field by field."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from importlib import metadata
+from pathlib import Path
+
+RECORD_FILE = "build_record.json"
+RECORD_SCHEMA_VERSION = 1
+# every record holds these top-level keys (tests check them; install refuses records without them)
+RECORD_KEYS = (
+    "schema", "name", "status", "scale", "seed", "device", "data", "config", "environment", "libraries",
+    "tokenizer", "target", "medusa", "trees", "acceptance", "draft", "sizes_bytes", "checks", "passed",
+    "wall_time_s",
+)
+_LIBRARIES = ("torch", "transformers", "tokenizers", "safetensors", "tqdm", "specbench")
+LOSS_CURVE_POINTS = 100
+
+
+def library_versions() -> dict[str, str | None]:
+    versions = {}
+    for name in _LIBRARIES:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:  # e.g. specbench run from a checkout, not installed
+            versions[name] = None
+    return versions
+
+
+def loss_summary(losses: list[float]) -> dict:
+    """Steps, the first and final losses (final = mean of the last 5% of steps) and a curve of at
+    most LOSS_CURVE_POINTS window means, small enough to keep in the record."""
+    if not losses:
+        return {"steps": 0, "first_loss": None, "final_loss": None, "loss_curve": []}
+    window = max(1, math.ceil(len(losses) / LOSS_CURVE_POINTS))
+    curve = [sum(losses[i : i + window]) / len(losses[i : i + window]) for i in range(0, len(losses), window)]
+    tail = losses[-max(1, len(losses) // 20) :]
+    return {
+        "steps": len(losses),
+        "first_loss": losses[0],
+        "final_loss": sum(tail) / len(tail),
+        "loss_curve_window": window,
+        "loss_curve": [round(x, 5) for x in curve],
+    }
+
+
+def directory_bytes(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.is_dir() else path.stat().st_size
+
+
+class StageTimer:
+    """Wall time of each named build stage, in seconds."""
+
+    def __init__(self) -> None:
+        self.start = time.perf_counter()
+        self.seconds: dict[str, float] = {}
+
+    @contextmanager
+    def stage(self, name: str) -> Iterator[None]:
+        begin = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[name] = round(time.perf_counter() - begin, 3)
+
+    def total(self) -> dict[str, float]:
+        return {**self.seconds, "total": round(time.perf_counter() - self.start, 3)}
+
+
+def write_record(directory: Path, record: dict) -> Path:
+    """Write ``record`` as strict JSON (NaN -> null) atomically; checks it holds every RECORD_KEYS key."""
+    missing = [key for key in RECORD_KEYS if key not in record]
+    if missing:
+        raise ValueError(f"build record for {directory} lacks key(s) {missing}; this is a bug in the zoo build")
+    path = directory / RECORD_FILE
+    text = json.dumps(_nan_to_none(record), indent=2, sort_keys=True, allow_nan=False)
+    handle, temp = tempfile.mkstemp(dir=directory, prefix=f".{RECORD_FILE}.", suffix=".tmp")
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8") as out:
+            out.write(text + "\n")
+        os.replace(temp, path)
+    except BaseException:
+        Path(temp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def read_record(directory: Path) -> dict:
+    path = directory / RECORD_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} does not exist: {directory} is not a finished zoo build (run `specbench zoo build`)")
+    record = json.loads(path.read_text(encoding="utf-8"))
+    missing = [key for key in RECORD_KEYS if key not in record]
+    if missing:
+        raise ValueError(f"{path}: key(s) {missing} missing; expected a record written by `specbench zoo build`")
+    return record
+
+
+def _nan_to_none(value):
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _nan_to_none(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_nan_to_none(v) for v in value]
+    return value

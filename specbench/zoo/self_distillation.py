@@ -1,0 +1,69 @@
+"""Self-distillation data for the zoo's Medusa heads and draft: the frozen target's own greedy
+continuations of GSM8K prompts, with the final hidden states the heads read."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from contextlib import contextmanager
+
+import torch
+from transformers import PreTrainedModel
+
+from specbench.proposers.medusa_training import IGNORE_INDEX, _ignore_after_eos, collect_self_distillation
+
+
+@contextmanager
+def _no_generation_eos(model: PreTrainedModel):
+    """Hide EOS from ``generate`` while collecting. collect_self_distillation passes
+    ``min_new_tokens``, which bans EOS outright, so where the target would end its answer the data
+    would hold its second choice instead; without an EOS id it emits EOS and runs on, and the tail
+    is masked afterwards."""
+    saved = model.generation_config.eos_token_id
+    model.generation_config.eos_token_id = None
+    try:
+        yield
+    finally:
+        model.generation_config.eos_token_id = saved
+
+
+def collect_continuations(
+    model: PreTrainedModel, prompts: Sequence[Sequence[int]], max_new_tokens: int, *, batch_size: int, progress: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(hidden, tokens)`` as collect_self_distillation returns them — ``(B, G + 1, H)`` post-norm
+    hidden states from the last prompt position on, ``(B, G + 1)`` tokens — with every token after
+    the first generated EOS set to IGNORE_INDEX."""
+    eos = model.config.eos_token_id
+    with _no_generation_eos(model):
+        hidden, tokens = collect_self_distillation(
+            model, prompts, max_new_tokens, batch_size=batch_size, pad_token_id=model.config.pad_token_id, progress=progress
+        )
+    return hidden, _ignore_after_eos(tokens, torch.tensor([eos], dtype=torch.long))
+
+
+def answer_prefix_prompts(
+    documents: Sequence[Sequence[int]], prompt_lengths: Sequence[int], count: int, seed: int, max_length: int
+) -> list[list[int]]:
+    """``count`` prompts cut from training documents: the question and a random leading part of
+    its reference answer (at least one answer token, never the final EOS), at most ``max_length``
+    tokens unless the question alone is longer (so prompt + continuation stays within the
+    positions the target was trained on)."""
+    generator = torch.Generator().manual_seed(seed)
+    picks = torch.randint(0, len(documents), (count,), generator=generator).tolist()
+    prompts = []
+    for index in picks:
+        doc, start = documents[index], prompt_lengths[index]
+        answer_tokens = len(doc) - 1 - start  # without the EOS
+        cut = start + 1 + int(torch.randint(0, max(1, answer_tokens), (1,), generator=generator))
+        prompts.append(list(doc[: min(cut, len(doc) - 1, max(start + 1, max_length))]))
+    return prompts
+
+
+def continuation_documents(prompts: Sequence[Sequence[int]], tokens: torch.Tensor) -> tuple[list[list[int]], list[int]]:
+    """Each prompt followed by the target's continuation (up to and including its EOS), and the
+    index where the continuation starts: training data for a draft that imitates the target."""
+    documents, starts = [], []
+    for prompt, row in zip(prompts, tokens[:, 1:].tolist()):  # column 0 is the prompt's last token
+        generated = [t for t in row if t != IGNORE_INDEX]  # IGNORE_INDEX only ever fills the tail
+        documents.append(list(prompt) + generated)
+        starts.append(len(prompt))
+    return documents, starts
