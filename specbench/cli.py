@@ -147,7 +147,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             report = compare(result, store)
             reports.append(report.to_dict())
             passed &= report.passed
-            print(report.format())
+            print(report.format(only_problems=True))
     if args.history:
         from specbench.report.history import append_results
 

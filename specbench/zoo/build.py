@@ -42,6 +42,10 @@ _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torc
 _SEED_OFFSETS = {"target_init": 0, "target_data": 1, "heads_init": 2, "heads_data": 3, "prefix_cuts": 4, "draft_init": 5, "draft_data": 6}
 
 
+class BuildExists(FileExistsError, ValueError):
+    """OUT_DIR already holds a build; also a ValueError, so CLIs print it as a one-line user error."""
+
+
 def _save_lm(model, tokenizer, directory: Path, dtype: str) -> None:
     model.to(_DTYPES[dtype]).save_pretrained(directory, safe_serialization=True)
     tokenizer.save_pretrained(directory)
@@ -103,12 +107,12 @@ def _run_pipeline(staging: Path, config: ZooBuildConfig, scale: str, data_dir, d
         target_heldout = evaluate_lm(target, heldout_docs, seq_len=config.target_training.seq_len)
 
     with timer.stage("self_distillation"):
-        train_prompts = _prompt_ids(tokenizer, [r["question"] for r in distill_records])
-        train_prompts += answer_prefix_prompts(distill_docs, [len(p) for p in train_prompts], config.num_answer_prefix_prompts, seeds["prefix_cuts"],
+        distill_prompts = _prompt_ids(tokenizer, [r["question"] for r in distill_records])
+        distill_prompts += answer_prefix_prompts(distill_docs, [len(p) for p in distill_prompts], config.num_answer_prefix_prompts, seeds["prefix_cuts"],
                                                max_length=config.target_training.seq_len - config.distill_max_new_tokens)
         heldout_prompts = _prompt_ids(tokenizer, [r["question"] for r in heldout_records])
         collect = dict(batch_size=config.distill_batch_size, progress=progress)
-        hidden, tokens = collect_continuations(target, train_prompts, config.distill_max_new_tokens, **collect)
+        hidden, tokens = collect_continuations(target, distill_prompts, config.distill_max_new_tokens, **collect)
         heldout_hidden, heldout_tokens = collect_continuations(target, heldout_prompts, config.distill_max_new_tokens, **collect)
 
     with timer.stage("medusa"):
@@ -148,7 +152,7 @@ def _run_pipeline(staging: Path, config: ZooBuildConfig, scale: str, data_dir, d
                                                eos_token_id=tokenizer.eos_token_id, progress=progress)
 
     with timer.stage("draft"):
-        draft_docs, _ = continuation_documents(train_prompts, tokens)
+        draft_docs, _ = continuation_documents(distill_prompts, tokens)
         heldout_continuations, heldout_starts = continuation_documents(heldout_prompts, heldout_tokens)
         draft = build_llama(config.draft, len(tokenizer), config.max_context, tokenizer.eos_token_id, tokenizer.pad_token_id, seeds["draft_init"])
         draft_losses = train_causal_lm(draft, draft_docs, config.draft_training, seed=seeds["draft_data"], device=device, desc="draft", progress=progress)
@@ -190,7 +194,7 @@ def _run_pipeline(staging: Path, config: ZooBuildConfig, scale: str, data_dir, d
             "heldout_top1_accuracy": target_heldout["top1_accuracy"],
         },
         "medusa": {
-            "num_distill_sequences": len(train_prompts),
+            "num_distill_sequences": len(distill_prompts),
             "num_heldout_sequences": len(heldout_prompts),
             **loss_summary(head_losses),
             "top1_accuracy": topk[:, 0].tolist(),
@@ -233,7 +237,7 @@ def build_zoo(
     out_dir = Path(out_dir)
     final = out_dir / config.name
     if final.exists() and not overwrite:
-        raise FileExistsError(f"{final} already exists; pass --overwrite to replace it or choose another OUT_DIR")
+        raise BuildExists(f"{final} already exists; pass --overwrite to replace it or choose another OUT_DIR")
     device = torch.device(device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device {device} asked for, but torch {torch.__version__} sees no CUDA GPU; use --device cpu")

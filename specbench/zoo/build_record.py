@@ -26,12 +26,15 @@ LOSS_CURVE_POINTS = 100
 
 
 def library_versions() -> dict[str, str | None]:
+    import specbench
+
     versions = {}
     for name in _LIBRARIES:
         try:
             versions[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:  # e.g. specbench run from a checkout, not installed
+        except metadata.PackageNotFoundError:
             versions[name] = None
+    versions["specbench"] = versions["specbench"] or specbench.__version__  # run from a checkout, not installed
     return versions
 
 

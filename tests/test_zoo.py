@@ -1,0 +1,230 @@
+"""The zoo build end to end at miniature scale on CPU (tokenizer, target, Medusa heads, trees, draft,
+build record), its registry of short names, and installing a build atomically."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import hashlib
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors import safe_open
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from specbench.checkpoints.medusa import load_medusa_heads, read_medusa_checkpoint
+from specbench.engine.tree import load_tree
+from specbench.zoo import ZooArtifactMissing, resolve_zoo_ref, zoo_names
+from specbench.zoo.build import _checks, add_zoo_subcommand, build_zoo, cmd_build, main
+from specbench.zoo.build_record import RECORD_FILE, RECORD_KEYS, read_record
+from specbench.zoo.config import FULL, TEST
+from specbench.zoo.corpus import DATA_DIR_ENV, SPLIT_FILES, document_text, prompt_text, read_split, resolve_data_dir
+from specbench.zoo.registry import REFERENCES, ZOO_DIR_ENV, install_build
+
+DATA_DIR = os.environ.get(DATA_DIR_ENV)
+
+
+def _data_skip_reason() -> str | None:
+    if not DATA_DIR:
+        return f"{DATA_DIR_ENV} is unset; point it at a directory holding {SPLIT_FILES['train']} and {SPLIT_FILES['test']}"
+    missing = [rel for rel in SPLIT_FILES.values() if not (Path(DATA_DIR) / rel).is_file()]
+    return f"{DATA_DIR_ENV}={DATA_DIR} lacks {missing}" if missing else None
+
+
+needs_data = pytest.mark.skipif(_data_skip_reason() is not None, reason=_data_skip_reason() or "")
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory) -> Path:
+    """One miniature build shared by the tests of this module: ``OUT_DIR/gsm8k-tiny``."""
+    if _data_skip_reason():
+        pytest.skip(_data_skip_reason())
+    out = tmp_path_factory.mktemp("zoo")
+    return build_zoo(out, TEST, scale="test", data_dir=DATA_DIR, device="cpu", seed=0, progress=False)
+
+
+@needs_data
+def test_build_record_holds_every_field(built):
+    record = read_record(built)
+    assert set(RECORD_KEYS) <= set(record)
+    assert record["status"] == "complete" and record["seed"] == 0 and record["scale"] == "test"
+    train_file = Path(DATA_DIR) / SPLIT_FILES["train"]
+    assert record["data"]["train"]["sha256"] == hashlib.sha256(train_file.read_bytes()).hexdigest()
+    for library in ("torch", "transformers", "tokenizers", "safetensors"):
+        assert record["libraries"][library], library
+    assert record["target"]["steps"] == TEST.target_training.steps
+    assert record["draft"]["steps"] == TEST.draft_training.steps
+    assert record["medusa"]["steps"] == TEST.heads_steps
+    for stage in ("target", "medusa", "draft"):
+        assert 0 < len(record[stage]["loss_curve"]) <= 100 and record[stage]["final_loss"] > 0
+    top1, top5 = record["medusa"]["top1_accuracy"], record["medusa"]["top5_accuracy"]
+    assert len(top1) == len(top5) == TEST.medusa_num_heads
+    # top-5 is cumulative, so it can never be below top-1; both are shares
+    assert all(0.0 <= a <= b <= 1.0 for a, b in zip(top1, top5))
+    for size in TEST.tree_sizes:
+        tree = record["trees"][str(size)]
+        # 1 (the bonus token) + expected accepted tokens, at most one per head on a path
+        assert tree["num_nodes"] == size and 1.0 <= tree["expected_mean_acceptance_length"] <= 1 + TEST.medusa_num_heads
+        measured = record["acceptance"][f"tree_{size}"]
+        assert 1.0 <= measured["mean_acceptance_length"] <= 1 + TEST.medusa_num_heads
+        # greedy verification in fp32 is lossless: a tree must emit the chain's tokens exactly
+        assert measured["outputs_match_first"] is True
+    assert 0.0 <= record["acceptance"][f"chain_k{TEST.eval_chain_k}"]["acceptance_rate"] <= 1.0
+    sizes = record["sizes_bytes"]
+    assert sizes["total"] == sum(v for k, v in sizes.items() if k != "total") > 0
+    assert record["wall_time_s"]["total"] > 0 and record["passed"] is True and record["checks"] == {}
+
+
+@needs_data
+def test_outputs_load_with_auto_classes(built):
+    for part in ("target", "draft"):
+        tokenizer = AutoTokenizer.from_pretrained(built / part)
+        assert tokenizer.eos_token == "<|endoftext|>" and tokenizer.pad_token == "<|pad|>"
+        assert tokenizer.eos_token_id != tokenizer.pad_token_id
+        model = AutoModelForCausalLM.from_pretrained(built / part, dtype=torch.float32)
+        assert model.config.vocab_size == len(tokenizer)
+        assert model.config.eos_token_id == tokenizer.eos_token_id
+        with safe_open(str(built / part / "model.safetensors"), "pt") as weights:
+            stored = {weights.get_slice(key).get_dtype() for key in weights.keys()}
+        assert stored == {"BF16"}  # stored in bf16: the zoo must stay small
+    text = "Question: Tom has 3 apples.\nAnswer: 3 + 4 = <<3+4=7>>7\n#### 7"
+    assert tokenizer.decode(tokenizer(text)["input_ids"]) == text  # byte-level BPE round-trips any text
+
+
+@needs_data
+def test_prompts_are_prefixes_of_training_documents(built):
+    tokenizer = AutoTokenizer.from_pretrained(built / "target")
+    for record in read_split(DATA_DIR, "train").records[: TEST.num_train_records]:
+        prompt = tokenizer(prompt_text(record["question"]))["input_ids"]
+        document = tokenizer(document_text(record))["input_ids"]
+        assert document[: len(prompt)] == prompt, record["question"][:60]
+
+
+def test_prompt_text_is_the_zero_shot_gsm8k_prompt():
+    pytest.importorskip("datasets", reason="specbench.datasets needs the datasets package")
+    from specbench.datasets import format_gsm8k_prompt
+
+    question = "Natalia sold clips to 48 of her friends in April. How many?"
+    assert prompt_text(question) == format_gsm8k_prompt(question, [])
+
+
+@needs_data
+def test_medusa_heads_are_saved_in_the_old_fasterdecoding_layout(built):
+    config = json.loads((built / "medusa" / "config.json").read_text())
+    assert "model_type" not in config
+    assert config == {"base_model_name_or_path": "specbench-ref/gsm8k-tiny", "medusa_num_heads": TEST.medusa_num_heads,
+                      "medusa_num_layers": TEST.medusa_num_layers}
+    with safe_open(str(built / "medusa" / "medusa_lm_head.safetensors"), "pt") as weights:
+        keys = set(weights.keys())
+    expected = {f"{h}.0.linear.weight" for h in range(TEST.medusa_num_heads)} | {f"{h}.0.linear.bias" for h in range(TEST.medusa_num_heads)}
+    expected |= {f"{h}.1.weight" for h in range(TEST.medusa_num_heads)}
+    assert keys == expected
+    target = AutoModelForCausalLM.from_pretrained(built / "target")
+    heads = load_medusa_heads(built / "medusa", hidden_size=target.config.hidden_size, vocab_size=target.config.vocab_size)
+    assert heads.config.num_heads == TEST.medusa_num_heads
+    assert read_medusa_checkpoint(built / "medusa").layout == "fasterdecoding"
+
+
+@needs_data
+def test_trees_load_and_fit_the_heads(built):
+    for size in TEST.tree_sizes:
+        tree = load_tree(built / "trees" / f"gsm8k-tiny-{size}.json")
+        assert tree.num_nodes == size and tree.max_depth <= TEST.medusa_num_heads and tree.top_k <= TEST.tree_top_k
+
+
+@needs_data
+def test_rebuild_with_the_same_seed_gives_identical_target_weights(built, tmp_path):
+    # later stages do not touch the target, so they are cut short to keep the rebuild cheap
+    cheap_tail = dataclasses.replace(
+        TEST, heads_steps=1, num_answer_prefix_prompts=0, eval_num_prompts=1,
+        draft_training=dataclasses.replace(TEST.draft_training, steps=1),
+    )
+    rebuilt = build_zoo(tmp_path, cheap_tail, data_dir=DATA_DIR, device="cpu", seed=0, progress=False)
+    for name in ("model.safetensors", "tokenizer.json", "config.json"):
+        assert (rebuilt / "target" / name).read_bytes() == (built / "target" / name).read_bytes(), name
+
+
+@needs_data
+def test_a_failed_build_leaves_nothing_behind(tmp_path):
+    with pytest.raises(FileNotFoundError, match="gsm8k/train.jsonl"):
+        build_zoo(tmp_path / "out", TEST, data_dir=tmp_path / "no-data", device="cpu", progress=False)
+    assert list((tmp_path / "out").iterdir()) == []
+
+
+@needs_data
+def test_build_refuses_to_overwrite_without_flag(built, capsys):
+    code = main(["build", str(built.parent), "--scale", "test", "--device", "cpu", "--data-dir", DATA_DIR, "-q"])
+    assert code == 2
+    assert f"{built} already exists" in capsys.readouterr().err
+
+
+def test_registry_error_names_the_missing_path_and_the_command(tmp_path, monkeypatch):
+    monkeypatch.setenv(ZOO_DIR_ENV, str(tmp_path))
+    for name in zoo_names():
+        with pytest.raises(ZooArtifactMissing) as error:
+            resolve_zoo_ref(name)
+        message = str(error.value)
+        assert str(tmp_path / "gsm8k-tiny" / REFERENCES[name]) in message
+        assert "specbench zoo build" in message
+    assert resolve_zoo_ref("lmsys/vicuna-7b-v1.3") is None  # not a zoo name: callers go on to the hub
+
+
+@needs_data
+def test_registry_resolves_a_build_directory(built, monkeypatch):
+    monkeypatch.setenv(ZOO_DIR_ENV, str(built.parent))
+    assert resolve_zoo_ref("specbench-ref/gsm8k-tiny") == built / "target"
+    assert resolve_zoo_ref("specbench-ref/gsm8k-tiny-medusa") == built / "medusa"
+    assert resolve_zoo_ref("specbench-ref/gsm8k-tiny-draft") == built / "draft"
+    assert resolve_zoo_ref("gsm8k-tiny-63") == built / "trees" / "gsm8k-tiny-63.json"
+    assert resolve_zoo_ref("gsm8k-tiny-15") == built / "trees" / "gsm8k-tiny-15.json"
+
+
+@needs_data
+def test_install_copies_a_build_and_refuses_a_failed_one(built, tmp_path):
+    artifacts = tmp_path / "artifacts"
+    installed = install_build(built.parent, artifacts_dir=artifacts)
+    assert installed == artifacts / "gsm8k-tiny"
+    assert (installed / "medusa" / "medusa_lm_head.safetensors").read_bytes() == (built / "medusa" / "medusa_lm_head.safetensors").read_bytes()
+    assert all(path.stat().st_mode & 0o444 == 0o444 for path in installed.rglob("*"))  # readable by every user
+    assert [p.name for p in artifacts.iterdir()] == ["gsm8k-tiny"]  # no staging left over
+
+    failed = tmp_path / "failed" / "gsm8k-tiny"
+    failed.parent.mkdir()
+    shutil.copytree(built, failed)
+    record = read_record(failed)
+    record.update(passed=False, checks={"chain_k3_acceptance>=0.25": False})
+    (failed / RECORD_FILE).write_text(json.dumps(record))
+    with pytest.raises(ValueError, match=r"chain_k3_acceptance>=0\.25"):
+        install_build(failed, artifacts_dir=artifacts)
+    assert install_build(failed, artifacts_dir=artifacts, force=True) == installed  # replaces the earlier install
+    assert read_record(installed)["passed"] is False
+
+
+def test_full_scale_checks_follow_the_config():
+    acceptance = {"chain_k3": {"acceptance_rate": 0.24}, "tree_63": {"mean_acceptance_length": 2.4}}
+    checks = _checks(FULL, acceptance, total_bytes=21_000_000, largest_tree="63")
+    assert checks == {"chain_k3_acceptance>=0.25": False, "tree_63_mean_acceptance_length>=2.3": True, "total_bytes<=25000000": True}
+    assert _checks(TEST, acceptance, total_bytes=10**9, largest_tree="7") == {}  # the miniature gates nothing
+
+
+def test_data_errors_name_the_path_and_the_variable(tmp_path, monkeypatch):
+    monkeypatch.delenv(DATA_DIR_ENV, raising=False)
+    with pytest.raises(FileNotFoundError, match=f"--data-dir or set {DATA_DIR_ENV}"):
+        resolve_data_dir(None)
+    with pytest.raises(FileNotFoundError, match=str(tmp_path / "gsm8k" / "test.jsonl")):
+        read_split(tmp_path, "test")
+    (tmp_path / "gsm8k").mkdir()
+    (tmp_path / "gsm8k" / "test.jsonl").write_text('{"question": "q"}\n')
+    with pytest.raises(ValueError, match=r"test.jsonl, line 1: key 'answer' must be a string"):
+        read_split(tmp_path, "test")
+
+
+def test_zoo_subcommand_wires_into_a_cli_parser():
+    parser = argparse.ArgumentParser(prog="specbench")
+    add_zoo_subcommand(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["zoo", "build", "OUT", "--scale", "test", "--device", "cpu", "--target-steps", "5", "--install"])
+    assert args.func is cmd_build and args.out_dir == "OUT" and args.target_steps == 5 and args.install
