@@ -173,22 +173,35 @@ def _request_record(prompt_id: str, spec: GenerationResult, plain: GenerationRes
     }
 
 
+def build_proposer(case: Case, target):
+    """The case's proposer for ``target`` (None for ``name = "none"``: plain decoding only)."""
+    options = dict(case.proposer)
+    name = options.pop("name")
+    if "path" in options:
+        options["path"] = expand_ref(options["path"], key="proposer.path")
+    return None if name == "none" else create_proposer(name, target, **options)
+
+
+def generation_config(case: Case, tokenizer) -> GenerationConfig:
+    eos = ()
+    if tokenizer is not None and tokenizer.eos_token_id is not None:
+        eos = (int(tokenizer.eos_token_id),)
+    return GenerationConfig(
+        max_new_tokens=case.max_new_tokens,
+        sampling=SamplingParams(**case.sampling),
+        ignore_eos=case.ignore_eos,
+        eos_token_ids=eos,
+        seed=case.seed,
+    )
+
+
 def run_case(case: Case, *, progress: bool = True, target=None, tokenizer=None) -> RunResult:
     """Run ``case`` (plain, then speculative, per prompt, alternating so drift hits both alike)."""
     if target is None:
         target, tokenizer = load_target(case)
-    proposer_options = dict(case.proposer)
-    proposer_name = proposer_options.pop("name")
-    if "path" in proposer_options:
-        proposer_options["path"] = expand_ref(proposer_options["path"], key="proposer.path")
-    proposer = None if proposer_name == "none" else create_proposer(proposer_name, target, **proposer_options)
-    sampling = SamplingParams(**case.sampling)
-    eos = ()
-    if tokenizer is not None and tokenizer.eos_token_id is not None:
-        eos = (int(tokenizer.eos_token_id),)
-    config = GenerationConfig(
-        max_new_tokens=case.max_new_tokens, sampling=sampling, ignore_eos=case.ignore_eos, eos_token_ids=eos, seed=case.seed
-    )
+    proposer = build_proposer(case, target)
+    config = generation_config(case, tokenizer)
+    sampling = config.sampling
     plain_decoder = Decoder(target, None, config)
     spec_decoder = Decoder(target, proposer, config)
     prompts, prompt_source = load_prompt_ids(case, tokenizer, target.vocab_size)
