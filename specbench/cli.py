@@ -7,37 +7,60 @@ import json
 import shlex
 import sys
 
-from specbench.cases import DEFAULT_TARGET, Case, builtin_suites, find_case
+from specbench.cases import Case, builtin_suites, find_case
 
 DEFAULT_SUITE = "medusa"  # with no SUITE given, only its CPU cases run (the embedded default)
 
 EPILOG = """examples:
   specbench run                                  # the default suite on CPU, no download
   specbench run demo/tiny-ngram-k3               # one case of a suite
+  specbench run --prompts gsm8k --num-prompts 80      # reference target + Medusa heads + calibrated tree
   specbench run --proposer ngram --num-speculative-tokens 4 --prompts prompts.jsonl --output result.json
   specbench env                                  # the environment fingerprint as JSON
 """
 
 
+REFERENCE_TARGET = "specbench-ref/gsm8k-tiny"
+REFERENCE_MEDUSA = "specbench-ref/gsm8k-tiny-medusa"
+REFERENCE_TREE = "gsm8k-tiny-63"
+EXPLICIT_FLAGS = ("target", "proposer", "proposer_path", "tree", "num_speculative_tokens", "prompts")
+
+
 def _explicit_case(args: argparse.Namespace) -> Case:
-    proposer = {"name": args.proposer}
+    """The case the explicit flags describe; what is left out takes the shipped defaults: the reference
+    target, its Medusa heads and their calibrated tree."""
+    if not args.prompts:
+        raise ValueError("--prompts NAME|FILE is required in the explicit form (e.g. --prompts gsm8k)")
+    target = args.target or REFERENCE_TARGET
+    proposer = {"name": args.proposer or "medusa"}
     if args.num_speculative_tokens is not None:
         proposer["num_speculative_tokens"] = args.num_speculative_tokens
-    if args.proposer_path:
-        proposer["path"] = args.proposer_path
     if args.tree:
         proposer["tree"] = args.tree
+    if args.proposer_path:
+        proposer["path"] = args.proposer_path
+    if proposer["name"] == "medusa":
+        if "path" not in proposer:
+            if target != REFERENCE_TARGET:
+                raise ValueError(f"--proposer medusa with --target {target} needs --proposer-path (its Medusa heads)")
+            proposer["path"] = REFERENCE_MEDUSA
+        if "tree" not in proposer and "num_speculative_tokens" not in proposer:
+            if proposer["path"] != REFERENCE_MEDUSA:
+                raise ValueError("--proposer medusa needs --num-speculative-tokens K (a chain) or --tree NAME|FILE")
+            proposer["tree"] = REFERENCE_TREE
     prompts = {"name": args.prompts}
     if args.num_prompts:
         prompts["num_prompts"] = args.num_prompts
-    sampling = {"temperature": args.temperature}
+    if args.prompts == "gsm8k":
+        # the reference models were trained on zero-shot "Question: ...\nAnswer:" text
+        prompts["n_shot"] = args.n_shot if args.n_shot is not None else (0 if target.startswith("specbench-ref/") else 1)
     return Case(
-        name=args.name or f"{args.proposer}",
+        name=args.name or proposer["name"],
         suite="cli",
-        target=args.target,
+        target=target,
         proposer=proposer,
         prompts=prompts,
-        sampling=sampling,
+        sampling={"temperature": args.temperature},
         dtype=args.dtype,
         device=args.device,
         max_new_tokens=args.max_new_tokens,
@@ -116,11 +139,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     from specbench.baselines import BaselineStore, compare
     from specbench.harness import to_json, write_json_atomic
 
-    if args.proposer is not None:
+    if any(getattr(args, flag) is not None for flag in EXPLICIT_FLAGS):
         if args.spec:
-            raise ValueError("give either SUITE|CASE or the explicit --proposer form, not both")
-        if not args.prompts:
-            raise ValueError("--prompts NAME|FILE is required with --proposer")
+            raise ValueError("give either SUITE|CASE or the explicit form (--target/--proposer/--prompts ...), not both")
         cases = [_explicit_case(args)]
     elif args.spec:
         cases = _select(find_case(args.spec), args.k)
@@ -208,13 +229,14 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     run.add_argument("spec", nargs="?", help="SUITE, SUITE/CASE, or a .toml case file")
-    run.add_argument("--target", default=DEFAULT_TARGET, help="model reference: local dir, hub id (org/name) or built-in name")
-    run.add_argument("--proposer", help="proposer name (none, ngram, medusa, or an installed plug-in); selects the explicit form")
+    run.add_argument("--target", help=f"model reference: local dir, hub id (org/name) or specbench-ref/... (default {REFERENCE_TARGET})")
+    run.add_argument("--proposer", help="proposer name: none, ngram, medusa, or an installed plug-in (default medusa)")
     run.add_argument("--proposer-path", help="proposer checkpoint (e.g. a Medusa heads directory or hub id)")
     run.add_argument("--num-speculative-tokens", type=int, help="draft tokens per step (chain proposers)")
     run.add_argument("--tree", help="Medusa tree: a name from the shipped/published trees or a JSON file of paths")
     run.add_argument("--prompts", help="prompt set name (gsm8k, spec_bench, mt_bench, spec_bench/<task>, synthetic) or a JSONL file")
     run.add_argument("--num-prompts", type=int, help="use the first N prompts")
+    run.add_argument("--n-shot", type=int, help="GSM8K worked examples per prompt (default 0 for specbench-ref targets, else 1)")
     run.add_argument("--max-new-tokens", type=int, default=64)
     run.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (lossless check applies)")
     run.add_argument("--seed", type=int, default=0)
@@ -254,9 +276,16 @@ def build_parser() -> argparse.ArgumentParser:
     env.add_argument("--device", default=None, help="device whose GPU to describe (default: cuda:0 if present)")
     env.set_defaults(func=cmd_env)
 
+    from specbench import calibrate
     from specbench.report.cli import add_report_subcommands
     from specbench.zoo.build import add_zoo_subcommand
 
+    calibrate_parser = sub.add_parser(
+        "calibrate-tree", help="calibrate a Medusa tree for a checkpoint from measured head accuracies",
+        description=calibrate.__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    calibrate.add_arguments(calibrate_parser)
+    calibrate_parser.set_defaults(func=calibrate.run)
     add_report_subcommands(sub)
     add_zoo_subcommand(sub)
     return parser

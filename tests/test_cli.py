@@ -12,7 +12,7 @@ from specbench.cli import main
 def test_explicit_run_writes_a_complete_result(tmp_path, capsys):
     out = tmp_path / "result.json"
     code = main([
-        "run", "--proposer", "ngram", "--num-speculative-tokens", "2", "--prompts", "synthetic", "--num-prompts", "2",
+        "run", "--target", "specbench-tiny/random-llama", "--proposer", "ngram", "--num-speculative-tokens", "2", "--prompts", "synthetic", "--num-prompts", "2",
         "--max-new-tokens", "12", "--output", str(out), "-q",
     ])
     assert code == 0
@@ -46,3 +46,20 @@ def test_help_explains(capsys):
         main(["run", "--help"])
     text = capsys.readouterr().out
     assert "mean acceptance length" in text and "--num-speculative-tokens" in text
+
+
+def test_explicit_form_defaults_to_the_reference_models(tmp_path):
+    """`specbench run --prompts X` alone is a complete command: reference target, its Medusa heads,
+    their calibrated tree."""
+    out = tmp_path / "r.json"
+    code = main(["run", "--prompts", "gsm8k-embedded", "--num-prompts", "2", "--max-new-tokens", "16",
+                 "--output", str(out), "-q", "--no-gate"])
+    assert code == 0
+    case = json.loads(out.read_text())["case"]
+    assert case["target"] == "specbench-ref/gsm8k-tiny"
+    assert case["proposer"] == {"name": "medusa", "path": "specbench-ref/gsm8k-tiny-medusa", "tree": "gsm8k-tiny-63"}
+
+
+def test_medusa_on_another_target_needs_its_heads(capsys):
+    assert main(["run", "--target", "./some-model", "--prompts", "gsm8k", "-q"]) == 2
+    assert "needs --proposer-path" in capsys.readouterr().err

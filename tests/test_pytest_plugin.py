@@ -145,3 +145,35 @@ def test_history_option_records_results_and_gate_outcomes(pytester, tests_dir):
     pytester.runpytest("--specbench-baselines", str(baselines), "--specbench-history", str(history)).assert_outcomes(passed=1)
     frame = load_history(history)
     assert len(frame) == 1 and frame.iloc[0]["case_id"] == "medusa/medusa-chain-k3"
+
+
+MANY_CASES = """
+import sys
+import pytest
+sys.path.insert(0, {tests_dir!r})
+from _synthetic_results import make_result
+
+@pytest.mark.parametrize("index", range({count}))
+def test_case(index, specbench_gate):
+    specbench_gate(make_result(seed=index, num_requests=4, name=f"case-{{index}}"))
+"""
+
+
+def test_eight_xdist_workers_lose_no_record(pytester, tests_dir):
+    """8 workers append to one results file and one history at once: every record arrives whole."""
+    from specbench.report.history import load_history
+
+    count = 48
+    pytester.makepyfile(test_many=MANY_CASES.format(tests_dir=str(tests_dir), count=count))
+    results = pytester.path / "results.jsonl"
+    history = pytester.path / "history"
+    outcome = pytester.runpytest_subprocess(
+        "-n", "8", "-p", "no:cacheprovider", "--specbench-baselines", str(pytester.path / "baselines"),
+        "--specbench-results", str(results), "--specbench-history", str(history), timeout=300,
+    )
+    outcome.assert_outcomes(passed=count)
+    lines = results.read_text().splitlines()
+    assert len(lines) == count
+    assert sorted(json.loads(line)["case_id"] for line in lines) == sorted(f"medusa/case-{i}" for i in range(count))
+    frame = load_history(history)
+    assert len(frame) == count and frame["case_id"].nunique() == count

@@ -364,6 +364,13 @@ def _add_zoo_commands(parser: argparse.ArgumentParser) -> None:
     listing = commands.add_parser("list", help="zoo names and the paths they resolve to")
     listing.set_defaults(func=cmd_list)
 
+    from specbench.zoo import synth
+
+    synthetic = commands.add_parser("synth", help="write a Vicuna-7B-shaped random Llama and upstream-layout Medusa heads",
+                                    description=synth.__doc__)
+    synth.add_arguments(synthetic)
+    synthetic.set_defaults(func=synth.run)
+
 
 def add_zoo_subcommand(subparsers) -> argparse.ArgumentParser:
     """Add ``zoo {build,install,summary,list}`` to a CLI's subparsers; each sets ``func(args) -> int``."""

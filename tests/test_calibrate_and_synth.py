@@ -1,0 +1,49 @@
+"""`specbench calibrate-tree` on the shipped reference checkpoint, and `specbench zoo synth --tiny`
+writing the upstream Medusa layout that the normal checkpoint path then loads."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from specbench.cli import main
+
+
+def test_calibrate_tree_for_the_reference_heads(tmp_path, capsys):
+    out = tmp_path / "tree.json"
+    code = main([
+        "calibrate-tree", "--target", "specbench-ref/gsm8k-tiny", "--medusa", "specbench-ref/gsm8k-tiny-medusa",
+        "--prompts", "gsm8k-embedded", "--num-prompts", "6", "--max-new-tokens", "32", "--nodes", "15",
+        "--output", str(out), "-q",
+    ])
+    assert code == 0
+    saved = json.loads(out.read_text())
+    assert len(saved["paths"]) == 15
+    top1 = saved["metadata"]["top1_accuracy"]
+    # trained heads: the first head is right far more often than a random one (1/2048), and the
+    # first head, predicting the nearest token, is the most accurate
+    assert top1[0] > 0.2 and top1[0] == max(top1)
+    # a 15-node tree adds at least the first head's top-1 accuracy to the MAL of 1
+    assert saved["metadata"]["expected_mean_acceptance_length"] > 1 + top1[0]
+    from specbench.engine.tree import load_tree
+
+    assert load_tree(str(out)).num_nodes == 15
+
+
+def test_zoo_synth_writes_the_upstream_layout(tmp_path):
+    import warnings
+
+    from specbench.checkpoints.medusa import MedusaCheckpointWarning, load_medusa_heads, read_medusa_checkpoint
+
+    assert main(["zoo", "synth", str(tmp_path), "--tiny", "--device", "cpu"]) == 0
+    config = json.loads((tmp_path / "medusa" / "config.json").read_text())
+    assert config["medusa_num_heads"] == 2 and "model_type" not in config  # as published: wrong and untyped
+    assert (tmp_path / "medusa" / "medusa_lm_head.pt").is_file()
+    with pytest.warns(MedusaCheckpointWarning, match="medusa_num_heads = 2 but .* holds 5"):
+        checkpoint = read_medusa_checkpoint(tmp_path / "medusa")
+    assert checkpoint.layout == "fasterdecoding" and checkpoint.config.num_heads == 5
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", MedusaCheckpointWarning)
+        heads = load_medusa_heads(tmp_path / "medusa", hidden_size=64, vocab_size=512)
+    assert all(bool(block[0].linear.bias.abs().sum() > 0) for block in heads.blocks)  # biases kept
