@@ -177,3 +177,27 @@ def test_eight_xdist_workers_lose_no_record(pytester, tests_dir):
     assert sorted(json.loads(line)["case_id"] for line in lines) == sorted(f"medusa/case-{i}" for i in range(count))
     frame = load_history(history)
     assert len(frame) == count and frame["case_id"].nunique() == count
+
+
+def test_unavailable_checkpoints_skip_with_the_precise_reason(monkeypatch, tmp_path):
+    """The upstream Vicuna case on a machine without the checkpoints: a skip naming the hub id and
+    HF_HUB_OFFLINE, never a crash or a silent download."""
+    from specbench.cases import find_case
+    from specbench.pytest_plugin import skip_unless_available
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path))
+    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    (case,) = find_case("medusa/vicuna-7b-upstream")
+    with pytest.raises(pytest.skip.Exception, match=r"medusa/vicuna-7b-upstream: .*lmsys/vicuna-7b-v1\.3.*HF_HUB_OFFLINE"):
+        skip_unless_available(case)
+
+
+def test_unset_synth_dir_skips_with_the_variable_to_set(monkeypatch):
+    from specbench.cases import find_case
+    from specbench.pytest_plugin import skip_unless_available
+
+    monkeypatch.delenv("SPECBENCH_SYNTH_DIR", raising=False)
+    (case,) = find_case("medusa/synth-7b-chain-k3-fp32")
+    with pytest.raises(pytest.skip.Exception, match="SPECBENCH_SYNTH_DIR, which is not set.*specbench zoo synth"):
+        skip_unless_available(case)
