@@ -4,40 +4,22 @@ continuations of GSM8K prompts, with the final hidden states the heads read."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from contextlib import contextmanager
 
 import torch
 from transformers import PreTrainedModel
 
-from specbench.proposers.medusa_training import IGNORE_INDEX, _ignore_after_eos, collect_self_distillation
-
-
-@contextmanager
-def _no_generation_eos(model: PreTrainedModel):
-    """Hide EOS from ``generate`` while collecting. collect_self_distillation passes
-    ``min_new_tokens``, which bans EOS outright, so where the target would end its answer the data
-    would hold its second choice instead; without an EOS id it emits EOS and runs on, and the tail
-    is masked afterwards."""
-    saved = model.generation_config.eos_token_id
-    model.generation_config.eos_token_id = None
-    try:
-        yield
-    finally:
-        model.generation_config.eos_token_id = saved
+from specbench.proposers.medusa_training import IGNORE_INDEX, collect_self_distillation
 
 
 def collect_continuations(
     model: PreTrainedModel, prompts: Sequence[Sequence[int]], max_new_tokens: int, *, batch_size: int, progress: bool
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(hidden, tokens)`` as collect_self_distillation returns them — ``(B, G + 1, H)`` post-norm
-    hidden states from the last prompt position on, ``(B, G + 1)`` tokens — with every token after
-    the first generated EOS set to IGNORE_INDEX."""
-    eos = model.config.eos_token_id
-    with _no_generation_eos(model):
-        hidden, tokens = collect_self_distillation(
-            model, prompts, max_new_tokens, batch_size=batch_size, pad_token_id=model.config.pad_token_id, progress=progress
-        )
-    return hidden, _ignore_after_eos(tokens, torch.tensor([eos], dtype=torch.long))
+    hidden states from the last prompt position on, ``(B, G + 1)`` tokens, every token after the
+    first generated EOS set to IGNORE_INDEX."""
+    return collect_self_distillation(
+        model, prompts, max_new_tokens, batch_size=batch_size, pad_token_id=model.config.pad_token_id, progress=progress
+    )
 
 
 def answer_prefix_prompts(
