@@ -19,16 +19,6 @@ def tiny_target(tiny_model):
     return HFTarget(tiny_model)
 
 
-def random_prompt(length: int, seed: int, vocab_size: int = 256) -> torch.Tensor:
-    return torch.randint(0, vocab_size, (length,), generator=torch.Generator().manual_seed(seed))
-
-
-def repetitive_prompt(seed: int, vocab_size: int = 256) -> torch.Tensor:
-    """A prompt that repeats a random phrase, so n-gram lookup finds matches."""
-    phrase = random_prompt(6, seed, vocab_size)
-    return torch.cat([phrase, random_prompt(3, seed + 100, vocab_size), phrase, phrase[:3]])
-
-
 def pytest_configure(config):
     # One thread per test process: the tiny models here are far too small to gain from intra-op
     # threads, and spinning idle threads slow everything on a 2-core machine under xdist. Denormal

@@ -9,7 +9,7 @@ from specbench.engine.decode import Decoder, GenerationConfig
 from specbench.engine.draft import Draft
 from specbench.engine.sampling import SamplingParams
 from specbench.proposers import create_proposer
-from tests.conftest import random_prompt
+from _prompts import random_prompt
 
 
 def test_empty_prompt(tiny_target):

@@ -9,7 +9,7 @@ from specbench.engine.decode import Decoder, GenerationConfig
 from specbench.engine.draft import Draft
 from specbench.proposers import create_proposer
 from specbench.proposers.base import Proposer, ProposerState
-from tests.conftest import random_prompt, repetitive_prompt
+from _prompts import random_prompt, repetitive_prompt
 
 MAX_NEW = 48
 

@@ -85,7 +85,7 @@ def test_draft_probs_on_a_tree_are_refused():
 def test_seeded_sampling_is_reproducible(tiny_target):
     from specbench.engine.decode import Decoder, GenerationConfig
     from specbench.proposers import create_proposer
-    from tests.conftest import repetitive_prompt
+    from _prompts import repetitive_prompt
 
     config = GenerationConfig(max_new_tokens=24, sampling=SamplingParams(temperature=0.8, top_p=0.95), seed=7)
     proposer = create_proposer("ngram", tiny_target, num_speculative_tokens=3)

@@ -8,7 +8,7 @@ from specbench.engine.decode import Decoder, GenerationConfig
 from specbench.engine.draft import Draft
 from specbench.engine.hf_target import HFTarget
 from specbench.engine.verification import verify_greedy
-from tests.conftest import random_prompt
+from _prompts import random_prompt
 
 # fp32 logits of a k-token forward differ from a one-token forward only by summation order
 # (~1e-6 relative here); a wrong or leaked KV entry moves them by O(0.1-1). 1e-4 separates both.
