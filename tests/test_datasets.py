@@ -297,3 +297,16 @@ def test_hub_is_tried_first_and_its_train_split_gives_the_exemplars(tmp_path, mo
     assert asked == [("openai/gsm8k", "main", "test"), ("openai/gsm8k", "main", "train")]
     assert (loaded.source, loaded.notes) == ("hub", ())
     assert loaded.prompts[0].text == "Question: hub train q\nAnswer: hub train a\n\nQuestion: hub q\nAnswer:"
+
+
+@needs_data
+def test_local_files_load_without_the_datasets_package(monkeypatch):
+    """The lent GPU machine has no `datasets`: local copies must still load, with identical prompts."""
+    from specbench.prompts import sources
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with_datasets = load_prompts("gsm8k", num_prompts=5, data_dir=str(DATA_DIR))
+    monkeypatch.setattr(sources, "datasets", None)
+    without = load_prompts("gsm8k", num_prompts=5, data_dir=str(DATA_DIR))
+    assert without.source == "local"
+    assert [p.text for p in without] == [p.text for p in with_datasets]

@@ -15,7 +15,10 @@ from functools import lru_cache
 from pathlib import Path
 from urllib.parse import urlparse
 
-import datasets
+try:
+    import datasets
+except ImportError:  # a GPU box may lack it (the lent H200 does): local files are still read, as plain JSON
+    datasets = None
 
 DATA_DIR_ENV = "SPECBENCH_DATA_DIR"
 
@@ -56,6 +59,8 @@ def _env_flag(name: str) -> bool:
 
 def load_hub_split(hub_id: str, config: str, split: str) -> tuple[list[dict] | None, str]:
     """(records, "") from the hub (or its local cache), or (None, why not) — quickly when offline."""
+    if datasets is None:
+        return None, "skipped, the `datasets` package is not installed (pip install datasets)"
     if _env_flag("HF_HUB_OFFLINE") or _env_flag("HF_DATASETS_OFFLINE"):
         if not datasets.config.HF_HUB_OFFLINE:
             # the variable was set after `datasets` was imported; it would still go online
@@ -116,7 +121,10 @@ def unavailable_message(name: str, tried: list[str], relative: str) -> str:
 
 
 def read_local_jsonl(path: Path) -> list[dict]:
-    """Records of a JSON Lines file through datasets' json builder, without touching the HF cache."""
+    """Records of a JSON Lines file through datasets' json builder, without touching the HF cache
+    (plain JSON parsing when `datasets` is not installed)."""
+    if datasets is None:
+        return [record for _, record in iter_json_records(path, str(path))]
     try:
         with tempfile.TemporaryDirectory(prefix="specbench-datasets-") as cache_dir, quiet_datasets():
             return datasets.load_dataset(
