@@ -5,7 +5,7 @@
 # DATA_DIR holds gsm8k/train.jsonl and gsm8k/test.jsonl (default: $SPECBENCH_DATA_DIR). Needs torch,
 # transformers, tokenizers, safetensors and tqdm; not `datasets`, no network, no pip install.
 # Install a passing build into the package afterwards with:
-#   PYTHONPATH=. python -m specbench.zoo.build install OUT_DIR
+#   PYTHONPATH=. python -m specbench.zoo.cli install OUT_DIR
 set -euo pipefail
 
 if [[ $# -lt 1 || $# -gt 2 ]]; then
@@ -34,13 +34,13 @@ export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 } 2>&1 | tee "$log"
 
 status=0
-"$python" -m specbench.zoo.build build "$out_dir" --data-dir "$data_dir" --device cuda --scale full --overwrite 2>&1 \
+"$python" -m specbench.zoo.cli build "$out_dir" --data-dir "$data_dir" --device cuda --scale full --overwrite 2>&1 \
     | tee -a "$log" || status=$?
 
 if [[ -f "$out_dir/gsm8k-tiny/build_record.json" ]]; then
     echo
     echo "== headline (from $out_dir/gsm8k-tiny/build_record.json)"
-    "$python" -m specbench.zoo.build summary "$out_dir"
+    "$python" -m specbench.zoo.cli summary "$out_dir"
     du -sh "$out_dir/gsm8k-tiny"/* | sed 's/^/   /'
 fi
 echo "log: $log"

@@ -31,9 +31,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from specbench.atomic_write import write_text_atomic
+from specbench.gate_intervals import DEFAULT_CONFIDENCE, DEFAULT_NUM_RESAMPLES, per_token_latency
 from specbench.gates import (
-    DEFAULT_CONFIDENCE, DEFAULT_NUM_RESAMPLES, QUALITY_METRICS, SPEED_METRICS, GateReport,
-    check_correctness, compare_entry, per_token_latency, resolve_tolerances,
+    QUALITY_METRICS, SPEED_METRICS, GateReport, check_correctness, compare_entry, resolve_tolerances,
 )
 
 SCHEMA_VERSION = 1

@@ -278,7 +278,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     from specbench import calibrate
     from specbench.report.cli import add_report_subcommands
-    from specbench.zoo.build import add_zoo_subcommand
+    from specbench.zoo.cli import add_zoo_subcommand
 
     calibrate_parser = sub.add_parser(
         "calibrate-tree", help="calibrate a Medusa tree for a checkpoint from measured head accuracies",

@@ -9,7 +9,8 @@ import pytest
 from _synthetic_results import make_result, with_divergence
 
 from specbench.baselines import compare, update_baseline
-from specbench.gates import DEFAULT_TOLERANCES, LOWER_IS_BETTER, bootstrap_interval, compare_entry, resolve_tolerances
+from specbench.gate_intervals import bootstrap_interval
+from specbench.gates import DEFAULT_TOLERANCES, LOWER_IS_BETTER, compare_entry, resolve_tolerances
 
 QUALITY_CHECKS = ("acceptance_rate", "mean_acceptance_length", "per_position_acceptance_rate[0]",
                   "per_position_acceptance_rate[1]", "per_position_acceptance_rate[2]")

@@ -19,7 +19,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from specbench.checkpoints.medusa import load_medusa_heads, read_medusa_checkpoint
 from specbench.engine.tree import load_tree
 from specbench.zoo import ZooArtifactMissing, resolve_zoo_ref, zoo_names
-from specbench.zoo.build import _checks, add_zoo_subcommand, build_zoo, cmd_build, main
+from specbench.zoo.build import _checks, build_zoo
+from specbench.zoo.cli import add_zoo_subcommand, cmd_build, main
 from specbench.zoo.build_record import RECORD_FILE, RECORD_KEYS, read_record
 from specbench.zoo.config import FULL, TEST
 from specbench.zoo.corpus import DATA_DIR_ENV, SPLIT_FILES, document_text, prompt_text, read_split, resolve_data_dir

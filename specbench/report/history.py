@@ -31,7 +31,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from specbench.baselines import QUALITY_REQUEST_FIELDS, SPEED_REQUEST_FIELDS
-from specbench.gates import QUALITY_METRICS, SPEED_METRICS, per_token_latency
+from specbench.gate_intervals import per_token_latency
+from specbench.gates import QUALITY_METRICS, SPEED_METRICS
 from specbench.metrics import METRIC_NAMES
 
 HISTORY_SCHEMA = 1

@@ -1,0 +1,154 @@
+"""The ``specbench zoo`` command line: build, install, summary, list and synth of the reference
+models (``python -m specbench.zoo.cli`` runs it without installing the package)."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+
+import torch
+
+from specbench.zoo.build import build_zoo
+from specbench.zoo.build_record import read_record
+from specbench.zoo.config import SCALES
+from specbench.zoo.corpus import DATA_DIR_ENV
+from specbench.zoo.registry import ARTIFACTS_DIR, REFERENCES, find_build_dir, install_build, resolve_zoo_ref, zoo_root
+
+
+def headline(record: dict) -> str:
+    """The numbers a person checks after a build, one per line."""
+    acc, medusa = record["acceptance"], record["medusa"]
+    lines = [
+        f"zoo build {record['name']} ({record['scale']}, seed {record['seed']}, {record['device']}): "
+        f"{'PASSED' if record['passed'] else 'FAILED'} in {record['wall_time_s']['total']:.0f} s",
+        f"  target  {record['target']['num_parameters']:,} params, train loss {record['target']['final_loss']:.3f}, "
+        f"held-out loss {record['target']['heldout_loss']:.3f}",
+        "  medusa  top-1 " + "/".join(f"{x:.2f}" for x in medusa["top1_accuracy"])
+        + ", top-5 " + "/".join(f"{x:.2f}" for x in medusa["top5_accuracy"]),
+    ]
+    for name, tree in record["trees"].items():
+        lines.append(f"  tree {tree['name']}: {tree['num_nodes']} nodes, expected MAL {tree['expected_mean_acceptance_length']:.2f}")
+    for name, result in acc.items():
+        if isinstance(result, dict):
+            lines.append(f"  measured {name}: acceptance {result['acceptance_rate']:.3f}, MAL {result['mean_acceptance_length']:.2f}, "
+                         f"outputs match chain: {result['outputs_match_first']}")
+    draft = record["draft"]
+    lines.append(f"  draft   {draft['num_parameters']:,} params, top-1 agreement with target {draft['heldout_top1_agreement_with_target']:.3f}")
+    lines.append("  sizes   " + ", ".join(f"{k} {v / 1e6:.2f} MB" for k, v in record["sizes_bytes"].items()))
+    lines += [f"  check {name}: {'ok' if ok else 'FAILED'}" for name, ok in record["checks"].items()]
+    return "\n".join(lines)
+
+
+def _default_device() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def cmd_build(args: argparse.Namespace) -> int:
+    config = SCALES[args.scale]
+    overrides = {"vocab_size": args.vocab_size, "heads_steps": args.heads_steps, "eval_num_prompts": args.eval_prompts,
+                 "num_answer_prefix_prompts": args.answer_prefix_prompts, "num_distill_only_records": args.distill_only_records}
+    config = dataclasses.replace(config, **{k: v for k, v in overrides.items() if v is not None})
+    for field, steps in (("target_training", args.target_steps), ("draft_training", args.draft_steps)):
+        if steps is not None:
+            config = dataclasses.replace(config, **{field: dataclasses.replace(getattr(config, field), steps=steps)})
+    built = build_zoo(args.out_dir, config, scale=args.scale, data_dir=args.data_dir, device=args.device, seed=args.seed,
+                      overwrite=args.overwrite, progress=not args.quiet)
+    record = read_record(built)
+    print(headline(record))
+    print(f"wrote {built}")
+    if args.install:
+        if not record["passed"]:
+            print(f"not installed: the build failed its checks; inspect {built}/build_record.json", file=sys.stderr)
+            return 1
+        print(f"installed into {install_build(built)}")
+    return 0 if record["passed"] else 1
+
+
+def cmd_install(args: argparse.Namespace) -> int:
+    print(f"installed into {install_build(args.build_dir, force=args.force)}")
+    return 0
+
+
+def cmd_summary(args: argparse.Namespace) -> int:
+    print(headline(read_record(find_build_dir(args.build_dir))))
+    return 0
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    print(f"zoo directory: {zoo_root()}")
+    for name in REFERENCES:
+        try:
+            print(f"  {name}: {resolve_zoo_ref(name)}")
+        except FileNotFoundError:
+            print(f"  {name}: not installed ({zoo_root() / 'gsm8k-tiny' / REFERENCES[name]})")
+    return 0
+
+
+def _add_zoo_commands(parser: argparse.ArgumentParser) -> None:
+    commands = parser.add_subparsers(dest="zoo_command", required=True)
+    build = commands.add_parser(
+        "build", help="train the GSM8K reference models (tokenizer, target, Medusa heads, trees, draft)",
+        description="Train and package specbench's GSM8K reference models into OUT_DIR/gsm8k-tiny/ with a build "
+        f"record. Reads GSM8K JSONL from --data-dir or ${DATA_DIR_ENV}; never downloads.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    build.add_argument("out_dir", help="output directory; the build goes to OUT_DIR/gsm8k-tiny/")
+    build.add_argument("--data-dir", default=None, help=f"directory holding gsm8k/train.jsonl and gsm8k/test.jsonl (default ${DATA_DIR_ENV})")
+    build.add_argument("--device", default=_default_device(), help="torch device: cuda (full scale, minutes) or cpu")
+    build.add_argument("--scale", choices=sorted(SCALES), default="full", help="full: the shipped models; test: a miniature for CPU tests")
+    build.add_argument("--seed", type=int, default=0)
+    build.add_argument("--vocab-size", type=int, help="override the scale's BPE vocabulary size")
+    build.add_argument("--target-steps", type=int, help="override the target's training steps")
+    build.add_argument("--heads-steps", type=int, help="override the Medusa heads' training steps")
+    build.add_argument("--draft-steps", type=int, help="override the draft's training steps")
+    build.add_argument("--answer-prefix-prompts", type=int, help="override the extra self-distillation prompts (question + cut answer)")
+    build.add_argument("--distill-only-records", type=int, help="override the train records kept for self-distillation only")
+    build.add_argument("--eval-prompts", type=int, help="override the number of GSM8K test questions for the acceptance check")
+    build.add_argument("--overwrite", action="store_true", help="replace an existing OUT_DIR/gsm8k-tiny")
+    build.add_argument("--install", action="store_true", help=f"when the build passes its checks, install it into {ARTIFACTS_DIR}")
+    build.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
+    build.set_defaults(func=cmd_build)
+
+    install = commands.add_parser("install", help="copy a finished build into the package's zoo directory (atomically)")
+    install.add_argument("build_dir", help="OUT_DIR of a build, or OUT_DIR/gsm8k-tiny")
+    install.add_argument("--force", action="store_true", help="install even if the build failed its checks")
+    install.set_defaults(func=cmd_install)
+
+    summary = commands.add_parser("summary", help="print the headline numbers of a finished build")
+    summary.add_argument("build_dir", help="OUT_DIR of a build, or OUT_DIR/gsm8k-tiny")
+    summary.set_defaults(func=cmd_summary)
+
+    listing = commands.add_parser("list", help="zoo names and the paths they resolve to")
+    listing.set_defaults(func=cmd_list)
+
+    from specbench.zoo import synth
+
+    synthetic = commands.add_parser("synth", help="write a Vicuna-7B-shaped random Llama and upstream-layout Medusa heads",
+                                    description=synth.__doc__)
+    synth.add_arguments(synthetic)
+    synthetic.set_defaults(func=synth.run)
+
+
+def add_zoo_subcommand(subparsers) -> argparse.ArgumentParser:
+    """Add ``zoo {build,install,summary,list}`` to a CLI's subparsers; each sets ``func(args) -> int``."""
+    zoo = subparsers.add_parser("zoo", help="build, install and locate specbench's own reference models",
+                                description="specbench's own small GSM8K reference models (target, Medusa heads, trees, draft).")
+    _add_zoo_commands(zoo)
+    return zoo
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m specbench.zoo.cli {build,install,summary,list} ...`` (the same as ``specbench zoo``)."""
+    parser = argparse.ArgumentParser(prog="python -m specbench.zoo.cli", description=add_zoo_subcommand.__doc__)
+    _add_zoo_commands(parser)
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except (ValueError, FileNotFoundError, FileExistsError) as err:
+        print(f"specbench zoo: error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
