@@ -22,7 +22,6 @@ The per-request values let the gates bootstrap a confidence interval of the diff
 from __future__ import annotations
 
 import json
-import math
 import os
 import re
 from contextlib import contextmanager
@@ -30,6 +29,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
+from specbench import strict_json
 from specbench.atomic_write import write_text_atomic
 from specbench.gate_intervals import DEFAULT_CONFIDENCE, DEFAULT_NUM_RESAMPLES, per_token_latency
 from specbench.gates import (
@@ -99,20 +99,9 @@ def result_case_id(result: dict) -> str:
 # ---- file format ---------------------------------------------------------------------------------------
 
 
-def _canonical(value):
-    """JSON-ready copy: floats to FLOAT_SIGNIFICANT_DIGITS (so reruns diff small), NaN/inf -> null."""
-    if isinstance(value, float):
-        return float(f"{value:.{FLOAT_SIGNIFICANT_DIGITS}g}") if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {str(k): _canonical(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_canonical(v) for v in value]
-    return value
-
-
 def format_baseline_file(data: dict) -> str:
     """The exact text stored: same data, same bytes."""
-    return json.dumps(_canonical(data), indent=2, sort_keys=True, allow_nan=False, ensure_ascii=False) + "\n"
+    return strict_json.dumps(data, significant_digits=FLOAT_SIGNIFICANT_DIGITS) + "\n"
 
 
 def _require(obj, keys, where: str, path: Path, kind=dict):
@@ -206,7 +195,7 @@ def _as_store(store) -> BaselineStore:
 
 def _defining(case: dict) -> dict:
     # canonical on both sides: the stored copy went through the same float rounding
-    return _canonical({k: v for k, v in (case or {}).items() if k not in NON_DEFINING_CASE_KEYS})
+    return strict_json.json_safe({k: v for k, v in (case or {}).items() if k not in NON_DEFINING_CASE_KEYS}, FLOAT_SIGNIFICANT_DIGITS)
 
 
 def case_changes(stored_case: dict, case: dict) -> list[str]:
@@ -307,7 +296,7 @@ def _sections(result: dict, command: str) -> tuple[dict, dict]:
                       "per_token_latency_s": per_token_latency(r)} for i, r in enumerate(requests)],
         "provenance": provenance,
     }
-    return _canonical(quality), _canonical(speed)
+    return (strict_json.json_safe(quality, FLOAT_SIGNIFICANT_DIGITS), strict_json.json_safe(speed, FLOAT_SIGNIFICANT_DIGITS))
 
 
 def _metric_lines(section: str, names, old: dict | None, new: dict) -> list[DiffLine]:

@@ -147,8 +147,6 @@ def cmd_run(args: argparse.Namespace) -> int:
         cases = _select(find_case(args.spec), args.k)
     else:
         cases = _select([c for c in find_case(DEFAULT_SUITE) if c.device == "cpu"], args.k)
-    if args.history:
-        from specbench.report.history import append_results  # noqa: F401 - fail before the long run
     cases = _runnable(cases)
     results = _run_cases(cases, args.quiet)
     print(results_table(results))

@@ -4,8 +4,6 @@ per-request records, aggregate metrics with speedup, a lossless check, and the e
 from __future__ import annotations
 
 import datetime as _dt
-import json
-import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,6 +11,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
+from specbench import strict_json
 from specbench.atomic_write import write_text_atomic
 from specbench.cases import Case, expand_ref
 from specbench.checkpoints.tiny import BUILTIN_TARGETS, synthetic_prompts
@@ -132,19 +131,9 @@ class RunResult:
         }
 
 
-def _nan_to_none(value):
-    if isinstance(value, float) and math.isnan(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _nan_to_none(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_nan_to_none(v) for v in value]
-    return value
-
-
 def to_json(result: dict, *, indent: int | None = 2) -> str:
     """Strict JSON (NaN becomes null, as the result schema says); ``indent=None`` gives one line."""
-    return json.dumps(_nan_to_none(result), indent=indent, sort_keys=True, allow_nan=False)
+    return strict_json.dumps(result, indent=indent)
 
 
 def write_json_atomic(path: str | os.PathLike, text: str) -> None:

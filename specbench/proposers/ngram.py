@@ -3,7 +3,6 @@ propose the K tokens that followed the most recent match, trying the longest n f
 
 from __future__ import annotations
 
-import torch
 
 from specbench.engine.draft import Draft
 from specbench.proposers.base import Proposer, ProposerState

@@ -31,6 +31,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from specbench.baselines import QUALITY_REQUEST_FIELDS, SPEED_REQUEST_FIELDS
+from specbench.strict_json import json_safe
 from specbench.gate_intervals import per_token_latency
 from specbench.gates import QUALITY_METRICS, SPEED_METRICS
 from specbench.metrics import METRIC_NAMES
@@ -64,16 +65,6 @@ def default_history_dir() -> Path:
     return cwd / ".specbench" / "history"
 
 
-def _finite_or_none(value):
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _finite_or_none(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_finite_or_none(v) for v in value]
-    return value
-
-
 def _gate_outcome(report) -> dict | None:
     if report is None:
         return None
@@ -95,7 +86,7 @@ def history_record(result: dict, gate_report=None) -> dict:
     suite, _, name = case_id.partition("/")
     requests = [{**{k: r.get(k) for k in REQUEST_FIELDS if k != "per_token_latency_s"},
                  "per_token_latency_s": per_token_latency(r)} for r in result.get("requests") or []]
-    return _finite_or_none({
+    return json_safe({
         "schema": HISTORY_SCHEMA,
         "case_id": case_id, "suite": suite, "case": name, "case_definition": case,
         "hardware_class": env.get("hardware_class"), "git_commit": env.get("git_commit"),

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from importlib import metadata
 from pathlib import Path
+
+from specbench import strict_json
+from specbench.atomic_write import write_text_atomic
 
 RECORD_FILE = "build_record.json"
 RECORD_SCHEMA_VERSION = 1
@@ -84,15 +85,7 @@ def write_record(directory: Path, record: dict) -> Path:
     if missing:
         raise ValueError(f"build record for {directory} lacks key(s) {missing}; this is a bug in the zoo build")
     path = directory / RECORD_FILE
-    text = json.dumps(_nan_to_none(record), indent=2, sort_keys=True, allow_nan=False)
-    handle, temp = tempfile.mkstemp(dir=directory, prefix=f".{RECORD_FILE}.", suffix=".tmp")
-    try:
-        with os.fdopen(handle, "w", encoding="utf-8") as out:
-            out.write(text + "\n")
-        os.replace(temp, path)
-    except BaseException:
-        Path(temp).unlink(missing_ok=True)
-        raise
+    write_text_atomic(path, strict_json.dumps(record) + "\n")
     return path
 
 
@@ -105,13 +98,3 @@ def read_record(directory: Path) -> dict:
     if missing:
         raise ValueError(f"{path}: key(s) {missing} missing; expected a record written by `specbench zoo build`")
     return record
-
-
-def _nan_to_none(value):
-    if isinstance(value, float) and math.isnan(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _nan_to_none(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_nan_to_none(v) for v in value]
-    return value
