@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
 import statistics
 import sys
 import time
@@ -29,39 +28,11 @@ from specbench.engine.decode import Decoder, GenerationConfig  # noqa: E402
 from specbench.engine.draft import Draft  # noqa: E402
 from specbench.engine.hf_target import HFTarget  # noqa: E402
 from specbench.env import environment_fingerprint  # noqa: E402
-from specbench.proposers.base import Proposer, ProposerState  # noqa: E402
+from specbench.proposers.scripted import ScriptedProposer  # noqa: E402
 
 # Medusa-1 on Vicuna-7B: published per-head top-1 accuracy (FIELD_NOTES §2), used as a synthetic
 # per-position acceptance profile (position i accepted with this probability, given i-1 was)
 MEDUSA_PROFILE = (0.56, 0.32, 0.20, 0.15, 0.12)
-
-
-class ScriptedProposer(Proposer):
-    """Proposes the true greedy continuation, each position kept correct with a given probability."""
-
-    name = "bench-scripted"
-
-    def __init__(self, truth: list[int], prompt_len: int, k: int, profile: tuple[float, ...] | None, vocab_size: int,
-                 seed: int = 0):
-        self.truth, self.prompt_len, self.k, self.profile, self.vocab_size = truth, prompt_len, k, profile, vocab_size
-        self.rng = random.Random(seed)
-
-    @classmethod
-    def from_options(cls, target, **options):
-        raise NotImplementedError
-
-    @property
-    def max_draft_tokens(self) -> int:
-        return self.k
-
-    def propose(self, state: ProposerState) -> Draft:
-        done = state.token_ids.numel() - self.prompt_len
-        tokens = []
-        for i in range(self.k):
-            true_token = self.truth[done + i] if done + i < len(self.truth) else 0
-            wrong = self.profile is not None and self.rng.random() >= self.profile[min(i, len(self.profile) - 1)]
-            tokens.append((true_token + 1) % self.vocab_size if wrong else true_token)
-        return Draft.chain(torch.tensor(tokens))
 
 
 def sync(device):
@@ -175,10 +146,10 @@ def main() -> int:
     figures["verify_cost_ratio"] = verify_cost
 
     for k in (3, 5):
-        oracle = ScriptedProposer(truth, prompt.numel(), k, None, vocab)
+        oracle = ScriptedProposer(truth, k, vocab)
         full = decode_rate(target, oracle, prompt, args.new_tokens)
         figures[f"spec_full_acceptance_k{k}"] = {key: full[key] for key in ("tokens_per_s", "mean_acceptance_length")}
-        profiled = decode_rate(target, ScriptedProposer(truth, prompt.numel(), k, MEDUSA_PROFILE, vocab), prompt, args.new_tokens)
+        profiled = decode_rate(target, ScriptedProposer(truth, k, vocab, position_accuracy=MEDUSA_PROFILE), prompt, args.new_tokens)
         figures[f"spec_medusa_profile_k{k}"] = {key: profiled[key] for key in ("tokens_per_s", "mean_acceptance_length")}
 
     figures["hf_generate_eager"] = {"tokens_per_s": hf_generate_rate(model, prompt, args.new_tokens)}

@@ -208,6 +208,16 @@ def cmd_env(args: argparse.Namespace) -> int:
     return 0
 
 
+BASELINES_HELP = "baseline directory (default: $SPECBENCH_BASELINES_DIR or <repo>/baselines)"
+
+
+def _add_selection_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options shared by the commands that run cases: -k selection, the baseline directory, quiet."""
+    parser.add_argument("-k", dest="k", metavar="EXPR", help="only cases whose name contains a comma-separated word ('not w' excludes)")
+    parser.add_argument("--baselines", metavar="DIR", help=BASELINES_HELP)
+    parser.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="specbench",
@@ -243,12 +253,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda:0")
     run.add_argument("--name", help="case name for the explicit form (default: the proposer name)")
     run.add_argument("--output", help="write the result JSON here (atomically)")
-    run.add_argument("-k", dest="k", metavar="EXPR", help="only cases whose name contains a comma-separated word ('not w' excludes)")
-    run.add_argument("--baselines", metavar="DIR", help="baseline directory (default: $SPECBENCH_BASELINES_DIR or <repo>/baselines)")
+    _add_selection_arguments(run)
     run.add_argument("--no-gate", action="store_true", help="report only; do not compare with stored baselines")
     run.add_argument("--update-baselines", action="store_true", help="store the results as baselines (refused if a lossless check fails)")
     run.add_argument("--history", metavar="DIR", help="append the results (and gate outcomes) to this results-history directory")
-    run.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
     run.set_defaults(func=cmd_run)
 
     baselines = sub.add_parser("baselines", help="show or regenerate stored baselines")
@@ -261,13 +269,11 @@ def build_parser() -> argparse.ArgumentParser:
         "A run whose lossless check fails is refused.",
     )
     regenerate.add_argument("suite", nargs="?", help=f"suite name or .toml file (default: {DEFAULT_SUITE})")
-    regenerate.add_argument("-k", dest="k", metavar="EXPR", help="only cases whose name contains a comma-separated word")
-    regenerate.add_argument("--baselines", metavar="DIR", help="baseline directory")
-    regenerate.add_argument("-q", "--quiet", action="store_true")
+    _add_selection_arguments(regenerate)
     regenerate.set_defaults(func=cmd_baselines_regenerate)
     show = baselines_sub.add_parser("show", help="print the stored baselines")
     show.add_argument("suite", nargs="?")
-    show.add_argument("--baselines", metavar="DIR")
+    show.add_argument("--baselines", metavar="DIR", help=BASELINES_HELP)
     show.set_defaults(func=cmd_baselines_show)
 
     env = sub.add_parser("env", help="print the environment fingerprint stored with every result")

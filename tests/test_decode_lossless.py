@@ -3,44 +3,13 @@
 from __future__ import annotations
 
 import pytest
-import torch
 
 from specbench.engine.decode import Decoder, GenerationConfig
-from specbench.engine.draft import Draft
 from specbench.proposers import create_proposer
-from specbench.proposers.base import Proposer, ProposerState
+from specbench.proposers.scripted import ScriptedProposer
 from _prompts import random_prompt, repetitive_prompt
 
 MAX_NEW = 48
-
-
-class OracleWithErrors(Proposer):
-    """Proposes the true greedy continuation, wrong at known absolute output positions."""
-
-    name = "test-oracle"
-
-    def __init__(self, truth: list[int], wrong_positions: set[int], k: int, vocab_size: int):
-        self.truth, self.wrong, self.k, self.vocab_size = truth, wrong_positions, k, vocab_size
-        self.prompt_len = 0
-
-    @classmethod
-    def from_options(cls, target, **options):
-        raise NotImplementedError
-
-    @property
-    def max_draft_tokens(self) -> int:
-        return self.k
-
-    def begin_request(self, prompt_ids):
-        self.prompt_len = prompt_ids.numel()
-
-    def propose(self, state: ProposerState) -> Draft:
-        emitted = state.token_ids.numel() - self.prompt_len
-        tokens = [
-            (self.truth[j] + 1) % self.vocab_size if j in self.wrong else self.truth[j]
-            for j in range(emitted, emitted + self.k)
-        ]
-        return Draft.chain(torch.tensor(tokens))
 
 
 def predicted_counts(k: int, wrong: set[int], max_new: int) -> tuple[int, int, list[int]]:
@@ -90,7 +59,7 @@ def test_ngram_matches_plain_greedy(tiny_target, plain_outputs, k):
 def test_oracle_with_injected_errors_gives_predicted_counts(tiny_target, plain_outputs, k, wrong):
     prompts, truths = plain_outputs
     prompt, truth = prompts[3], truths[3]
-    proposer = OracleWithErrors(truth, wrong, k, tiny_target.vocab_size)
+    proposer = ScriptedProposer(truth, k, tiny_target.vocab_size, wrong_positions=wrong)
     result = Decoder(tiny_target, proposer, GenerationConfig(max_new_tokens=MAX_NEW)).generate(prompt)
     assert result.output_token_ids == truth[:MAX_NEW]
     drafts, accepted, per_position = predicted_counts(k, wrong, MAX_NEW)
@@ -140,3 +109,13 @@ def test_plain_decoding_counts_no_drafts(tiny_target):
     assert result.counters.num_drafts == 0
     assert result.counters.mean_acceptance_length == 1.0  # plain decoding scores 1.00 (FIELD_NOTES §1)
     assert result.counters.num_target_forwards == 9  # the prefill gives the first token
+
+
+@pytest.mark.parametrize(("accuracy", "expected_rate"), [((1.0,), 1.0), ((0.0,), 0.0)])
+def test_scripted_position_accuracy_bounds(tiny_target, plain_outputs, accuracy, expected_rate):
+    """Always right accepts every draft token; never right accepts none; the output stays lossless."""
+    prompts, truths = plain_outputs
+    proposer = ScriptedProposer(truths[3], 3, tiny_target.vocab_size, position_accuracy=accuracy)
+    result = Decoder(tiny_target, proposer, GenerationConfig(max_new_tokens=MAX_NEW)).generate(prompts[3])
+    assert result.output_token_ids == truths[3][:MAX_NEW]
+    assert result.counters.acceptance_rate == expected_rate
