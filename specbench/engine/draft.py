@@ -8,7 +8,7 @@ tokens has ``parents = [0, 1, ..., K-1]``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -20,6 +20,10 @@ class Draft:
     # (N, V) float: the proposer's distribution each token was drawn from, for rejection sampling
     # with a real draft model; None means point-mass drafts (n-gram, Medusa top-k).
     draft_probs: torch.Tensor | None = None
+    # the shape derived from parents, computed once per draft; a static tree (TreeBuffers) passes its
+    # precomputed, already validated buffers so the hot loop never rebuilds them
+    precomputed_depths: torch.Tensor | None = field(default=None, repr=False, compare=False)  # (N + 1,)
+    precomputed_tree_mask: torch.Tensor | None = field(default=None, repr=False, compare=False)  # (N + 1, N + 1)
 
     def __post_init__(self) -> None:
         n = self.tokens.numel()
@@ -29,7 +33,7 @@ class Draft:
                 f"{tuple(self.tokens.shape)} and {tuple(self.parents.shape)}"
             )
         node_index = torch.arange(1, n + 1, device=self.parents.device)
-        if n and not bool(((self.parents >= 0) & (self.parents < node_index)).all()):
+        if n and self.precomputed_depths is None and not bool(((self.parents >= 0) & (self.parents < node_index)).all()):
             raise ValueError(
                 f"Draft.parents must point to an earlier node (0 = root), got {self.parents.tolist()}"
             )
@@ -51,11 +55,13 @@ class Draft:
 
     def depths(self) -> torch.Tensor:
         """(N + 1,) depth of every verify-input node; the root has depth 0."""
-        parents = self.parents.tolist()
-        depth = [0] * (len(parents) + 1)
-        for i, p in enumerate(parents):
-            depth[i + 1] = depth[p] + 1
-        return torch.tensor(depth, dtype=torch.long)
+        if self.precomputed_depths is None:
+            parents = self.parents.tolist()
+            depth = [0] * (len(parents) + 1)
+            for i, p in enumerate(parents):
+                depth[i + 1] = depth[p] + 1
+            self.precomputed_depths = torch.tensor(depth, dtype=torch.long)
+        return self.precomputed_depths
 
     def depth(self) -> int:
         """Length of the longest candidate path: the draft tokens this step counts (metrics.py)."""
@@ -63,8 +69,9 @@ class Draft:
 
     def tree_mask(self) -> torch.Tensor:
         """(N + 1, N + 1) bool: row i attends to column j iff j is i or an ancestor of i."""
-        n = len(self) + 1
-        mask = torch.eye(n, dtype=torch.bool)
-        for i, p in enumerate(self.parents.tolist(), start=1):
-            mask[i] |= mask[p]
-        return mask
+        if self.precomputed_tree_mask is None:
+            mask = torch.eye(len(self) + 1, dtype=torch.bool)
+            for i, p in enumerate(self.parents.tolist(), start=1):
+                mask[i] |= mask[p]
+            self.precomputed_tree_mask = mask
+        return self.precomputed_tree_mask

@@ -89,7 +89,12 @@ class TreeBuffers:
                 f"({heads}, {k}) table"
             )
         table = topk_tokens[: self.max_depth, : self.top_k].reshape(-1)  # (max_depth * top_k,)
-        return Draft(tokens=table[self.candidate_indices.to(table.device)].long(), parents=self.parents.to(table.device))
+        return Draft(
+            tokens=table[self.candidate_indices.to(table.device)].long(),
+            parents=self.parents.to(table.device),
+            precomputed_depths=self.depths,
+            precomputed_tree_mask=self.tree_mask,
+        )
 
     def to(self, device: torch.device | str) -> "TreeBuffers":
         tensors = ("tree_mask", "depths", "parents", "head_indices", "ranks", "candidate_indices", "retrieve_indices")
