@@ -129,14 +129,7 @@ def unmet_requirements(case: Case) -> str | None:
     """Why this machine cannot run ``case`` (no CUDA, too little GPU memory), or None."""
     if not case.device.startswith("cuda") and not case.min_gpu_gib:
         return None
-    import torch
+    from specbench import env
 
-    from specbench.env import gpu_memory_gib
-
-    if not torch.cuda.is_available():
-        return f"{case.case_id} needs a CUDA device (device={case.device!r}); none is available"
-    if case.min_gpu_gib:
-        found = gpu_memory_gib(0) or 0.0
-        if found < case.min_gpu_gib:
-            return f"{case.case_id} needs {case.min_gpu_gib} GiB of GPU memory, found {found:.1f} GiB"
-    return None
+    shortfall = env.gpu_shortfall(case.min_gpu_gib or 0.0, env.gpu_inventory())
+    return f"{case.case_id} (device={case.device!r}): {shortfall}" if shortfall else None

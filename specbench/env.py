@@ -72,6 +72,21 @@ def gpu_memory_gib(index: int = 0) -> float | None:
     return memory_bytes / 2**30 if memory_bytes is not None else None
 
 
+def gpu_inventory() -> list[tuple[str, float]]:
+    """(name, total GiB) of each visible CUDA device; empty without CUDA."""
+    if not _cuda_available():
+        return []
+    return [(_gpu_name(i) or f"cuda:{i}", gpu_memory_gib(i) or 0.0) for i in range(torch.cuda.device_count())]
+
+
+def gpu_shortfall(min_gib: float, gpus: list[tuple[str, float]]) -> str | None:
+    """Why device 0 of ``gpus`` cannot hold ``min_gib`` GiB ("no CUDA device", "needs ... found ..."), or None."""
+    if not gpus:
+        return "no CUDA device"
+    name, gib = gpus[0]
+    return f"needs {min_gib} GiB, found {gib:.1f} GiB on {name}" if gib < min_gib else None
+
+
 def hardware_class(gpu_name: str | None) -> str:
     """"cpu", or the GPU model as the driver names it with whitespace collapsed. Memory and
     form-factor suffixes stay ("NVIDIA A100-SXM4-40GB" vs "-80GB"): their bandwidths differ, so

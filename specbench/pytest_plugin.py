@@ -27,19 +27,9 @@ from pathlib import Path
 
 import pytest
 
+from specbench import env
+
 RESULTS_KEY = pytest.StashKey[list]()
-
-
-def gpu_inventory() -> list[tuple[str, float]]:
-    """(name, total GiB) of each visible CUDA device; empty without CUDA."""
-    import torch
-
-    if not torch.cuda.is_available():
-        return []
-    return [
-        (torch.cuda.get_device_name(i), torch.cuda.get_device_properties(i).total_memory / 2**30)
-        for i in range(torch.cuda.device_count())
-    ]
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -65,14 +55,12 @@ def _skip_reason(item: pytest.Item) -> str | None:
     multi = item.get_closest_marker("multi_gpu")
     if large is None and multi is None:
         return None
-    gpus = gpu_inventory()
+    gpus = env.gpu_inventory()
     if large is not None:
         min_gb = large.kwargs.get("min_gb", large.args[0] if large.args else 0)
-        if not gpus:
-            return f"large_gpu(min_gb={min_gb}): no CUDA device"
-        name, gib = gpus[0]
-        if gib < min_gb:
-            return f"large_gpu(min_gb={min_gb}): needs {min_gb} GiB, found {gib:.1f} GiB on {name}"
+        shortfall = env.gpu_shortfall(min_gb, gpus)
+        if shortfall:
+            return f"large_gpu(min_gb={min_gb}): {shortfall}"
     if multi is not None:
         needed = multi.kwargs.get("n", multi.args[0] if multi.args else 2)
         if len(gpus) < needed:

@@ -9,15 +9,15 @@ import pytest
 pytest_plugins = ["pytester"]
 
 FAKE_GPU_CONFTEST = """
-import specbench.pytest_plugin as plugin
+import specbench.env as env
 
-_saved = plugin.gpu_inventory
+_saved = env.gpu_inventory
 
 def pytest_configure(config):
-    plugin.gpu_inventory = lambda: {gpus!r}
+    env.gpu_inventory = lambda: {gpus!r}
 
 def pytest_unconfigure(config):  # pytester runs in-process: put the real one back
-    plugin.gpu_inventory = _saved
+    env.gpu_inventory = _saved
 """
 
 MARKED_TESTS = """
