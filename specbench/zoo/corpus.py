@@ -13,6 +13,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from specbench.datasets import format_gsm8k_prompt
+
 DATA_DIR_ENV = "SPECBENCH_DATA_DIR"
 # fixed paths under the data directory, the same ones specbench.datasets reads
 SPLIT_FILES = {"train": "gsm8k/train.jsonl", "test": "gsm8k/test.jsonl"}
@@ -27,8 +29,8 @@ class Split:
 
 
 def prompt_text(question: str) -> str:
-    """The zero-shot GSM8K prompt: ``Question: <q>\\nAnswer:`` (format_gsm8k_prompt with no shots)."""
-    return f"Question: {question}\nAnswer:"
+    """The zero-shot GSM8K prompt, ``Question: <q>\\nAnswer:``: the prompt sets' own format, no shots."""
+    return format_gsm8k_prompt(question, [])
 
 
 def document_text(record: dict) -> str:
