@@ -1,24 +1,54 @@
 #!/usr/bin/env bash
-# The GPU tier in one device call: the large_gpu suites (reference models on CUDA in fp32/bf16, the
-# upstream Vicuna case, the 7B-shaped synthetic checkpoint), H200 speed baselines, and the 7B speed
-# benchmark. Writes logs, results and the benchmark JSON under OUT_DIR.
-#   usage: bash bench/gpu_tier.sh OUT_DIR [SYNTH_DIR]      (from the repository root)
-# Needs torch, transformers, pytest, pytest-benchmark, pandas and, for prompt sets, `datasets`
-# (carry it as wheels in .whl/ where it is missing: see the README's GPU tier section).
+# The GPU tier on one CUDA machine, in stages that each fit one device call:
+#   reference  the large_gpu suites of the reference models (CUDA fp32 gated on the CPU quality baselines,
+#              bf16 lossless report, n-gram) and the upstream Vicuna case (skips offline, with its reason);
+#              their results become this GPU's baselines
+#   synth      `specbench zoo synth` (Vicuna-7B shape, random bf16 weights, 5 heads in the upstream layout)
+#              and its large_gpu cases (lossless chain and 63-node tree, latency); stored as baselines too
+#   speed      bench/speed_7b.py on the synthetic 7B weights (writes SYNTH_DIR first when absent)
+#   all        the three in turn
+# usage: bash bench/gpu_tier.sh OUT_DIR [STAGE...]     (from the repository root; default stage: all)
+# Logs, results (.jsonl), junit XML, the updated baselines/*.json and speed_7b.json land in OUT_DIR.
+# Env: SPECBENCH_DATA_DIR (default ./.data: gsm8k/, medusa_trees/), SPECBENCH_SYNTH_DIR (default
+# /tmp/specbench-synth-7b), PYTHON. Needs torch, transformers, pytest, pytest-benchmark, pandas; not `datasets`.
 set -euo pipefail
-out_dir=${1:?usage: bash bench/gpu_tier.sh OUT_DIR [SYNTH_DIR]}
-synth_dir=${2:-/tmp/specbench-synth-7b}
+out_dir=${1:?usage: bash bench/gpu_tier.sh OUT_DIR [reference|synth|speed|all ...]}
+shift
+stages=("${@:-all}")
+[[ " ${stages[*]} " == *" all "* ]] && stages=(reference synth speed)
 mkdir -p "$out_dir"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
-export SPECBENCH_DATA_DIR=${SPECBENCH_DATA_DIR:-$PWD/.data} SPECBENCH_SYNTH_DIR="$synth_dir"
+export SPECBENCH_DATA_DIR=${SPECBENCH_DATA_DIR:-$PWD/.data}
+export SPECBENCH_SYNTH_DIR=${SPECBENCH_SYNTH_DIR:-/tmp/specbench-synth-7b}
 python=${PYTHON:-python3}
-
-if [[ ! -f "$synth_dir/synth_record.json" ]]; then
-    "$python" -m specbench.cli zoo synth "$synth_dir" --device cuda 2>&1 | tee "$out_dir/synth.log"
-fi
 status=0
-# the repository's conftest.py loads the plugin when specbench is not pip-installed
-"$python" -m pytest suites -m large_gpu -rs -v \
-    --specbench-results "$out_dir/results.jsonl" --junitxml "$out_dir/junit.xml" 2>&1 | tee "$out_dir/large_gpu.log" || status=$?
-"$python" bench/speed_7b.py "$synth_dir" "$out_dir" 2>&1 | tee "$out_dir/speed_7b.log" || status=$?
+
+synthesize() {
+    [[ -f "$SPECBENCH_SYNTH_DIR/synth_record.json" ]] && return 0
+    "$python" -m specbench.cli zoo synth "$SPECBENCH_SYNTH_DIR" --device cuda 2>&1 | tee "$out_dir/synth.log"
+}
+
+# run the large_gpu suites selected by -k, gated, then store their results as baselines of this GPU
+suites() {
+    local name=$1 selection=$2
+    # the repository's conftest.py loads the plugin when specbench is not pip-installed
+    "$python" -m pytest suites -m large_gpu -k "$selection" -rs -v -p no:cacheprovider \
+        --specbench-results "$out_dir/results_$name.jsonl" --junitxml "$out_dir/junit_$name.xml" \
+        2>&1 | tee "$out_dir/large_gpu_$name.log" || status=$?
+    if [[ -s "$out_dir/results_$name.jsonl" ]]; then
+        "$python" -m specbench.cli baselines regenerate --from-results "$out_dir/results_$name.jsonl" \
+            2>&1 | tee -a "$out_dir/large_gpu_$name.log" || status=$?
+        cp baselines/*.json "$out_dir/"
+    fi
+}
+
+for stage in "${stages[@]}"; do
+    echo "== stage $stage $(date -u +%H:%M:%S)"
+    case $stage in
+        reference) suites reference "not synth" ;;
+        synth) synthesize && suites synth "synth" ;;
+        speed) synthesize && { "$python" bench/speed_7b.py "$SPECBENCH_SYNTH_DIR" "$out_dir" 2>&1 | tee "$out_dir/speed_7b.log" || status=$?; } ;;
+        *) echo "gpu_tier.sh: unknown stage '$stage' (reference, synth, speed, all)" >&2; exit 2 ;;
+    esac
+done
 exit "$status"

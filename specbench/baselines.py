@@ -40,7 +40,9 @@ SCHEMA_VERSION = 1
 FLOAT_SIGNIFICANT_DIGITS = 6
 BASELINES_DIR_ENV = "SPECBENCH_BASELINES_DIR"
 # case keys that decide how a run is judged or scheduled, not what it measures: editing them keeps the baseline
-NON_DEFINING_CASE_KEYS = ("tolerances", "gate_quality", "gate_speed", "min_gpu_gib", "description")
+NON_DEFINING_CASE_KEYS = ("tolerances", "gate_quality", "gate_speed", "min_gpu_gib", "description", "quality_baseline")
+# what a case's quality reference (``quality_baseline``) may differ in: where it runs, not what it computes
+QUALITY_REFERENCE_FREE_KEYS = ("name", "device")
 REGENERATE_HINT = ("regenerate it with `specbench baselines regenerate <suite>` (or `specbench run <case> "
                    "--update-baselines`, or pytest `--specbench-update-baselines`), or restore it from git")
 
@@ -225,8 +227,31 @@ def compare(result: dict, baseline_store=None, *, tolerances: dict | None = None
             raise CaseDefinitionChanged(
                 f"{store.path(suite)}: the baseline of {case_id} was recorded for a different case definition "
                 f"({'; '.join(changes)}); {REGENERATE_HINT}")
-    return compare_entry(result, entry, tolerances=tolerances, confidence=confidence,
-                         num_resamples=num_resamples, seed=seed, baseline_path=str(store.path(suite)))
+    quality_from = None
+    reference = (result.get("case") or {}).get("quality_baseline")
+    if reference:
+        quality_from = _quality_reference(store, suite, case_id, result.get("case") or {}, reference)
+    return compare_entry(result, entry, tolerances=tolerances, confidence=confidence, num_resamples=num_resamples,
+                         seed=seed, baseline_path=str(store.path(suite)), quality_from=quality_from)
+
+
+def _quality_reference(store: BaselineStore, suite: str, case_id: str, case: dict, reference: str) -> tuple[str, dict | None]:
+    """(reference case id, its stored entry or None) for a case gated on another case's quality baseline.
+
+    A GPU fp32 twin of a CPU case must reproduce the CPU acceptance: the two must define the same run
+    apart from QUALITY_REFERENCE_FREE_KEYS, else the comparison would be meaningless and this raises.
+    """
+    reference_id = f"{suite}/{reference}"
+    entry = store.entry(reference_id)
+    if entry is not None:
+        free = set(QUALITY_REFERENCE_FREE_KEYS)
+        changes = [c for c in case_changes(entry["case"], case) if c.split(":", 1)[0] not in free]
+        if changes:
+            raise CaseDefinitionChanged(
+                f"{store.path(suite)}: {case_id} takes its quality baseline from {reference_id}, but the two cases "
+                f"differ in more than {', '.join(QUALITY_REFERENCE_FREE_KEYS)} ({'; '.join(changes)}); make them "
+                f"describe the same run on another device, or drop quality_baseline from {case_id}")
+    return reference_id, entry
 
 
 # ---- regeneration --------------------------------------------------------------------------------------

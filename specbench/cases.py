@@ -44,6 +44,9 @@ class Case:
     gate_quality: bool = True
     # None: gate speed on GPUs only (CPU timings on shared machines are noise); true/false forces it
     gate_speed: bool | None = None
+    # gate quality against this case's (same suite) quality baseline instead of its own: a CUDA fp32
+    # twin of a CPU case must reproduce the CPU acceptance; the two may differ only in name and device
+    quality_baseline: str | None = None
     # GPU memory the case needs (GiB); the pytest plugin skips below it
     min_gpu_gib: float | None = None
 

@@ -176,9 +176,32 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_baselines_regenerate(args: argparse.Namespace) -> int:
+    if args.from_results:
+        _store(_recorded_results(args), args.baselines)
+        return 0
     cases = _runnable(_select(find_case(args.suite or DEFAULT_SUITE), args.k))
     _store(_run_cases(cases, args.quiet), args.baselines)
     return 0
+
+
+def _recorded_results(args: argparse.Namespace) -> list[dict]:
+    """Results recorded elsewhere (a GPU job's ``--specbench-results``), filtered by suite and -k like cases."""
+    from specbench.cases import Case
+    from specbench.report.cli import load_results
+
+    recorded = [result for _, result in load_results(args.from_results)]
+    by_case = {}
+    for result in recorded:
+        case = result.get("case") or {}
+        if args.suite and case.get("suite") != args.suite:
+            continue
+        by_case[result["case_id"]] = result  # the last record of a case wins
+    chosen = {c.case_id for c in _select([Case.from_dict(r["case"]) for r in by_case.values()], args.k)} if args.k else set(by_case)
+    results = [r for case_id, r in by_case.items() if case_id in chosen]
+    if not results:
+        raise ValueError(f"no results{' of suite ' + args.suite if args.suite else ''}"
+                         f"{' matching -k ' + repr(args.k) if args.k else ''} in {', '.join(args.from_results)}")
+    return results
 
 
 def cmd_baselines_show(args: argparse.Namespace) -> int:
@@ -268,7 +291,12 @@ def build_parser() -> argparse.ArgumentParser:
         "diff per metric. Quality metrics are stored once; speed metrics under this machine's hardware class. "
         "A run whose lossless check fails is refused.",
     )
-    regenerate.add_argument("suite", nargs="?", help=f"suite name or .toml file (default: {DEFAULT_SUITE})")
+    regenerate.add_argument("suite", nargs="?", help=f"suite name or .toml file (default: {DEFAULT_SUITE}; "
+                            "with --from-results: only that suite's results, default all)")
+    regenerate.add_argument("--from-results", nargs="+", metavar="FILE",
+                            help="store results already measured instead of re-running: pytest --specbench-results "
+                            ".jsonl files or specbench run --output files (e.g. from a GPU job); the last result "
+                            "of each case wins; speed goes under the hardware class the result records")
     _add_selection_arguments(regenerate)
     regenerate.set_defaults(func=cmd_baselines_regenerate)
     show = baselines_sub.add_parser("show", help="print the stored baselines")

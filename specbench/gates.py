@@ -157,6 +157,7 @@ class GateReport:
     checks: list[MetricCheck] = field(default_factory=list)
     baseline_path: str | None = None
     has_baseline: bool = False
+    quality_baseline: str | None = None  # the case id whose quality baseline was used, when not the case's own
 
     @property
     def passed(self) -> bool:
@@ -181,7 +182,8 @@ class GateReport:
         counts = {s: sum(c.status == s for c in self.checks) for s in STATUSES}
         summary = ", ".join(f"{n} {s}" for s, n in counts.items() if n)
         lines = [f"{self.case_id}: {'PASSED' if self.passed else 'FAILED'} ({summary or 'no checks'})"
-                 + (f" against {self.baseline_path}" if self.baseline_path else "")]
+                 + (f" against {self.baseline_path}" if self.baseline_path else "")
+                 + (f" (quality against {self.quality_baseline})" if self.quality_baseline else "")]
         for c in self.checks:
             if not only_problems or c.status != "pass":
                 lines.append("  " + c.message())
@@ -190,7 +192,7 @@ class GateReport:
     def to_dict(self) -> dict:
         return {"case_id": self.case_id, "hardware_class": self.hardware_class, "passed": self.passed,
                 "baseline_path": self.baseline_path, "has_baseline": self.has_baseline,
-                "checks": [c.to_dict() for c in self.checks]}
+                "quality_baseline": self.quality_baseline, "checks": [c.to_dict() for c in self.checks]}
 
 
 def judge(direction: str, baseline: float | None, measured: float | None, tolerance: float,
@@ -267,10 +269,12 @@ def _measured(metrics: dict, name: str, position: int | None) -> float:
 
 def compare_entry(result: dict, entry: dict | None, *, tolerances: dict | None = None,
                   confidence: float = DEFAULT_CONFIDENCE, num_resamples: int = DEFAULT_NUM_RESAMPLES,
-                  seed: int = 0, baseline_path: str | None = None) -> GateReport:
+                  seed: int = 0, baseline_path: str | None = None,
+                  quality_from: tuple[str, dict | None] | None = None) -> GateReport:
     """Gate ``result`` against one stored case entry (``None``: no baseline); see specbench.baselines.compare.
 
     Tolerances: defaults, then the entry's ``tolerances``, the case's ``tolerances``, the argument.
+    ``quality_from``: (case id, entry) whose quality section replaces the entry's (the case's quality_baseline).
     """
     case = result.get("case") or {}
     case_id = result.get("case_id") or f"{case.get('suite')}/{case.get('name')}"
@@ -309,13 +313,20 @@ def compare_entry(result: dict, entry: dict | None, *, tolerances: dict | None =
 
     no_entry = f"no baseline stored for {case_id}" + (f" in {baseline_path}" if baseline_path else "")
     quality = (entry or {}).get("quality")
+    no_quality = no_entry
+    if quality_from is not None:
+        reference_id, reference_entry = quality_from
+        quality = (reference_entry or {}).get("quality")
+        no_quality = (f"no baseline stored for {reference_id}, the quality baseline of {case_id}"
+                      + (f", in {baseline_path}" if baseline_path else ""))
+        report.quality_baseline = reference_id
     base_quality = quality["metrics"] if quality else None
     for name in ("acceptance_rate", "mean_acceptance_length"):
-        gate(name, None, base_quality, quality and quality["requests"], no_entry)
+        gate(name, None, base_quality, quality and quality["requests"], no_quality)
     num_positions = max(len(metrics.get("per_position_acceptance_rate") or []),
                         len((base_quality or {}).get("per_position_acceptance_rate") or []))
     for i in range(num_positions):
-        gate("per_position_acceptance_rate", i, base_quality, quality and quality["requests"], no_entry)
+        gate("per_position_acceptance_rate", i, base_quality, quality and quality["requests"], no_quality)
 
     speed_by_class = (entry or {}).get("speed") or {}
     speed = speed_by_class.get(hardware_class) if hardware_class else None

@@ -63,3 +63,27 @@ def test_explicit_form_defaults_to_the_reference_models(tmp_path):
 def test_medusa_on_another_target_needs_its_heads(capsys):
     assert main(["run", "--target", "./some-model", "--prompts", "gsm8k", "-q"]) == 2
     assert "needs --proposer-path" in capsys.readouterr().err
+
+
+def test_regenerate_from_recorded_results_stores_them_without_rerunning(tmp_path, capsys):
+    from _synthetic_results import make_result
+
+    from specbench.baselines import BaselineStore
+
+    gpu = make_result(seed=1, hardware_class="NVIDIA-H200", name="chain-k3-cuda-fp32")
+    other = make_result(seed=2, name="tree-63")
+    ngram = make_result(seed=3, suite="ngram", name="k3")
+    results = tmp_path / "results.jsonl"
+    results.write_text("".join(json.dumps(r) + "\n" for r in (gpu, other, ngram)))
+    store = tmp_path / "baselines"
+
+    assert main(["baselines", "regenerate", "medusa", "--from-results", str(results), "-k", "cuda",
+                 "--baselines", str(store)]) == 0
+    entry = BaselineStore(store).entry("medusa/chain-k3-cuda-fp32")
+    assert list(entry["speed"]) == ["NVIDIA-H200"]  # the class the result recorded, not this machine's
+    assert entry["quality"]["metrics"]["acceptance_rate"] == pytest.approx(gpu["metrics"]["acceptance_rate"], rel=1e-5)
+    assert BaselineStore(store).case_ids() == ["medusa/chain-k3-cuda-fp32"]  # -k and the suite filtered the rest
+
+    assert main(["baselines", "regenerate", "ngram", "--from-results", str(results), "-k", "cuda",
+                 "--baselines", str(store)]) == 2
+    assert "no results of suite ngram matching -k 'cuda' in" in capsys.readouterr().err

@@ -8,7 +8,7 @@ import math
 import pytest
 from _synthetic_results import make_result, with_divergence
 
-from specbench.baselines import compare, update_baseline
+from specbench.baselines import CaseDefinitionChanged, compare, update_baseline
 from specbench.gate_intervals import bootstrap_interval
 from specbench.gates import DEFAULT_TOLERANCES, LOWER_IS_BETTER, compare_entry, resolve_tolerances
 
@@ -220,3 +220,39 @@ def test_cpu_speed_is_reported_not_gated_by_default():
     check = report.check("tokens_per_s")
     assert check.status == "skipped" and "too noisy to gate" in check.reason
     assert check.baseline == baseline["metrics"]["tokens_per_s"]
+
+
+def cuda_twin(result: dict, **case_changes) -> dict:
+    """The same run on CUDA, gated on the CPU case's quality (case key ``quality_baseline``)."""
+    twin = copy.deepcopy(result)
+    twin["case"].update(name="medusa-chain-k3-cuda-fp32", device="cuda", quality_baseline="medusa-chain-k3",
+                        **case_changes)
+    twin["case_id"] = "medusa/medusa-chain-k3-cuda-fp32"
+    twin["env"] = {**twin["env"], "hardware_class": "NVIDIA-H200"}
+    return twin
+
+
+def test_quality_baseline_gates_a_cuda_twin_on_the_cpu_cases_quality(store, baseline):
+    twin = cuda_twin(baseline)
+    report = compare(twin, store)  # the twin has no baseline of its own yet
+    assert report.quality_baseline == "medusa/medusa-chain-k3"
+    assert all(report.check(name).status == "pass" for name in QUALITY_CHECKS), report.format()
+    assert report.check("acceptance_rate").baseline == pytest.approx(baseline["metrics"]["acceptance_rate"], rel=1e-5)
+    assert report.check("tokens_per_s").status == "no_baseline"  # speed: the twin's own, none stored
+    assert "(quality against medusa/medusa-chain-k3)" in report.format()
+
+    worse = cuda_twin(make_result(seed=0, accept_scale=0.6))  # the CUDA path lost acceptance
+    assert compare(worse, store).check("acceptance_rate").status == "regression"
+
+
+def test_quality_baseline_missing_or_differing_reference_is_named(store, baseline, tmp_path_factory):
+    empty = tmp_path_factory.mktemp("empty")
+    check = compare(cuda_twin(baseline), empty).check("acceptance_rate")
+    assert check.status == "no_baseline"
+    assert "no baseline stored for medusa/medusa-chain-k3, the quality baseline of medusa/medusa-chain-k3-cuda-fp32" in check.reason
+
+    with pytest.raises(CaseDefinitionChanged) as err:
+        compare(cuda_twin(baseline, max_new_tokens=32), store)
+    message = str(err.value)
+    assert "takes its quality baseline from medusa/medusa-chain-k3" in message
+    assert "max_new_tokens: baseline 64, now 32" in message
