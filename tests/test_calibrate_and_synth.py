@@ -47,3 +47,37 @@ def test_zoo_synth_writes_the_upstream_layout(tmp_path):
         warnings.simplefilter("ignore", MedusaCheckpointWarning)
         heads = load_medusa_heads(tmp_path / "medusa", hidden_size=64, vocab_size=512)
     assert all(bool(block[0].linear.bias.abs().sum() > 0) for block in heads.blocks)  # biases kept
+
+
+def test_synthetic_target_is_decisive_so_bf16_verification_keeps_the_greedy_text(tmp_path):
+    """Uniform random weights leave the greedy argmax on near-ties that bf16 rounding flips; the synthetic
+    target walks a random successor cycle with wide margins, so an oracle of its plain greedy text is
+    accepted in full under k-token bf16 verification, as it would be for a trained model."""
+    import torch
+
+    from specbench.checkpoints.resolve import load_target_model
+    from specbench.engine.decode import Decoder, GenerationConfig
+    from specbench.engine.hf_target import HFTarget
+    from specbench.proposers.scripted import ScriptedProposer
+    from specbench.zoo.synth import NUM_SPECIAL_TOKENS
+
+    assert main(["zoo", "synth", str(tmp_path), "--tiny", "--device", "cpu"]) == 0
+    model = load_target_model(str(tmp_path / "target"), dtype=torch.bfloat16, device="cpu")
+    target = HFTarget(model)
+    prompt = torch.tensor([5, 17, 200, 33, 101, 7])
+    config = GenerationConfig(max_new_tokens=40, ignore_eos=True)
+    plain = Decoder(target, None, config).generate(prompt).output_token_ids
+
+    embed, head = model.get_input_embeddings().weight.float(), model.get_output_embeddings().weight.float()
+    successor = (embed @ head.T).argmax(-1)  # [V]: the token each token's own embedding votes for
+    assert plain == [int(successor[t]) for t in [int(prompt[-1])] + plain[:-1]]  # the cycle, token by token
+    assert len(set(plain)) == len(plain) and min(plain) >= NUM_SPECIAL_TOKENS  # no repeats, never a special token
+
+    for k in (3, 5):
+        oracle = ScriptedProposer(plain + [0] * 8, k, target.vocab_size)
+        result = Decoder(target, oracle, config).generate(prompt)
+        assert result.output_token_ids == plain
+        # every draft accepted in full: k + 1 tokens a step (the last step cut by max_new_tokens), and every
+        # emitted token but each step's bonus token was a draft token
+        assert result.counters.num_drafts == -(-40 // (k + 1))
+        assert result.counters.num_accepted_tokens == 40 - result.counters.num_drafts

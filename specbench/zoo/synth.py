@@ -1,6 +1,16 @@
 """``specbench zoo synth``: write a Vicuna-7B-shaped Llama with random weights and 5 random Medusa
 heads in the exact upstream layout, so the GPU tier exercises 7B-scale loading and decoding
-without a download. Random weights make acceptance meaningless: cases built on it never gate it."""
+without a download. Random weights make acceptance meaningless: cases built on it never gate it.
+
+The weights are random but *decisive*: with i.i.d. N(0, 0.02) weights everywhere, the 32,000 logits
+are near-ties and bf16's different rounding for a k-token verification flips the greedy argmax
+within a few dozen tokens (measured on the H200: bf16 tree-63 match fraction 0.19, and an oracle
+proposing the plain greedy continuation reached MAL 1.06 of a possible 4). So the embeddings are
+drawn large (std DECISIVE_EMBED_STD, dominating the residual stream) and the lm_head maps each
+ordinary token to its successor on a random cycle over the vocabulary (top logit ~sqrt(hidden),
+the rest ~N(0, 1)). Every matrix keeps its shape, dtype and cost; greedy decoding just has margins
+that rounding cannot flip, so bf16 lossless checks and oracle speed figures mean something.
+"""
 
 from __future__ import annotations
 
@@ -12,6 +22,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import math
+
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -22,6 +34,9 @@ VICUNA_7B_SHAPE = dict(
 )
 # FasterDecoding/medusa-vicuna-7b-v1.3's config.json, head count wrong as published (FIELD_NOTES §2)
 UPSTREAM_MEDUSA_CONFIG = {"medusa_num_heads": 2, "medusa_num_layers": 1, "transformers_version": "4.31.0"}
+# 32 random layers add residual noise of rms ~15 (each adds ~2.5, normalised inputs); 100 dominates it
+DECISIVE_EMBED_STD = 100.0
+NUM_SPECIAL_TOKENS = 3  # <unk>, <s>, </s>: never a successor, so EOS does not end the synthetic text
 
 
 def _random_(tensor: torch.Tensor, std: float, generator: torch.Generator) -> None:
@@ -41,6 +56,7 @@ def synth_target(out_dir: Path, *, shape: dict, dtype: torch.dtype, device: str,
                 parameter.fill_(1.0)
             else:
                 _random_(parameter, config.initializer_range, generator)
+        _make_decisive(model, generator)
     staging = Path(tempfile.mkdtemp(prefix=".target.", dir=out_dir))
     model.save_pretrained(staging)
     final = out_dir / "target"
@@ -48,6 +64,18 @@ def synth_target(out_dir: Path, *, shape: dict, dtype: torch.dtype, device: str,
         shutil.rmtree(final)
     os.replace(staging, final)
     return final
+
+
+def _make_decisive(model: LlamaForCausalLM, generator: torch.Generator) -> None:
+    """Large random embeddings; lm_head row of token order[i+1] = embedding of order[i] (see the module doc)."""
+    embed = model.get_input_embeddings().weight  # [V, H]
+    head = model.get_output_embeddings().weight  # [V, H]
+    vocab, hidden = embed.shape
+    _random_(embed, DECISIVE_EMBED_STD, generator)
+    order = torch.randperm(vocab - NUM_SPECIAL_TOKENS, generator=generator, device=generator.device) + NUM_SPECIAL_TOKENS
+    # after the final RMSNorm the hidden state is ~embed[t] / std (unit rms): dividing by std * sqrt(H)
+    # gives the successor a logit of ~sqrt(H) and every other token ~N(0, 1)
+    head[order.roll(-1)] = embed[order] / (DECISIVE_EMBED_STD * math.sqrt(hidden))
 
 
 def synth_medusa(out_dir: Path, *, base: str, hidden: int, vocab: int, num_heads: int, num_layers: int,
