@@ -229,3 +229,36 @@ def test_zoo_subcommand_wires_into_a_cli_parser():
     add_zoo_subcommand(parser.add_subparsers(dest="command"))
     args = parser.parse_args(["zoo", "build", "OUT", "--scale", "test", "--device", "cpu", "--target-steps", "5", "--install"])
     assert args.func is cmd_build and args.out_dir == "OUT" and args.target_steps == 5 and args.install
+
+
+def test_compare_checks_a_rebuild_against_the_tolerance_its_record_states(tmp_path, capsys):
+    import copy
+
+    from specbench.cli import main
+    from specbench.zoo.build_record import compare_records, read_record
+    from specbench.zoo.registry import zoo_root
+
+    shipped = read_record(zoo_root() / "gsm8k-tiny")  # a CUDA build: 5% for the quality metrics
+    rebuild = copy.deepcopy(shipped)
+    rebuild["acceptance"]["chain_k3"]["acceptance_rate"] *= 1.04
+    rebuild["reproducibility"] = {"cuda_quality_tolerance": 0.05, "metrics": [
+        "acceptance.chain_k3.acceptance_rate", "acceptance.tree_63.mean_acceptance_length"]}
+    verdict = compare_records(shipped, rebuild)
+    assert verdict["reproduced"] and verdict["tolerance"] == 0.05
+    assert verdict["rows"][0]["relative_change"] == pytest.approx(0.04)
+
+    rebuild["acceptance"]["tree_63"]["mean_acceptance_length"] *= 0.94  # 6% lower: outside 5%
+    record_file = tmp_path / "build_record.json"
+    record_file.write_text(json.dumps(rebuild))
+    assert main(["zoo", "compare", str(record_file)]) == 1
+    out = capsys.readouterr().out
+    assert "FAIL acceptance.tree_63.mean_acceptance_length" in out and "(-6.0%)" in out and "NOT reproduced" in out
+
+    cpu_a, cpu_b = copy.deepcopy(rebuild), copy.deepcopy(rebuild)
+    cpu_a["device"] = cpu_b["device"] = "cpu"
+    cpu_b["acceptance"]["chain_k3"]["acceptance_rate"] *= 1.001  # CPU builds are bit-identical: any change fails
+    assert compare_records(cpu_a, cpu_b)["tolerance"] == 0.0 and not compare_records(cpu_a, cpu_b)["reproduced"]
+
+    other_seed = dict(rebuild, seed=1)
+    with pytest.raises(ValueError, match="rebuild has seed 1 but reference has 0"):
+        compare_records(shipped, other_seed)

@@ -90,7 +90,8 @@ def write_record(directory: Path, record: dict) -> Path:
 
 
 def read_record(directory: Path) -> dict:
-    path = directory / RECORD_FILE
+    """The record of a build directory (or the record file itself), checked for RECORD_KEYS."""
+    path = directory if directory.is_file() else directory / RECORD_FILE
     if not path.is_file():
         raise FileNotFoundError(f"{path} does not exist: {directory} is not a finished zoo build (run `specbench zoo build`)")
     record = json.loads(path.read_text(encoding="utf-8"))
@@ -98,3 +99,41 @@ def read_record(directory: Path) -> dict:
     if missing:
         raise ValueError(f"{path}: key(s) {missing} missing; expected a record written by `specbench zoo build`")
     return record
+
+
+# what `specbench zoo compare` checks when a record predates the `reproducibility` field
+DEFAULT_REPRODUCED_METRICS = ("acceptance.chain_k3.acceptance_rate", "acceptance.tree_63.mean_acceptance_length")
+DEFAULT_CUDA_QUALITY_TOLERANCE = 0.05
+
+
+def _lookup(record: dict, dotted: str, where: str) -> float:
+    value = record
+    for key in dotted.split("."):
+        if not isinstance(value, dict) or key not in value:
+            raise KeyError(f"{where}: no {dotted!r} (missing {key!r}); is it a full `specbench zoo build` record?")
+        value = value[key]
+    return float(value)
+
+
+def compare_records(reference: dict, rebuild: dict, *, names: tuple[str, str] = ("reference", "rebuild")) -> dict:
+    """Does ``rebuild`` reproduce ``reference``'s quality metrics within the tolerance the records state?
+
+    Same seed and scale required. Both on CPU: the metrics must be equal (CPU builds are bit-identical);
+    otherwise within the relative ``reproducibility.cuda_quality_tolerance`` (the rebuild's, else the
+    reference's, else 5%). Returns {"tolerance", "rows": [{metric, reference, rebuild, relative_change, ok}],
+    "reproduced"}; raises ValueError when the two builds were not meant to agree (other seed or scale).
+    """
+    for key in ("seed", "scale"):
+        if reference[key] != rebuild[key]:
+            raise ValueError(f"{names[1]} has {key} {rebuild[key]!r} but {names[0]} has {reference[key]!r}: "
+                             "only a rebuild with the same seed and scale is expected to reproduce the metrics")
+    rules = rebuild.get("reproducibility") or reference.get("reproducibility") or {}
+    both_cpu = str(reference["device"]).startswith("cpu") and str(rebuild["device"]).startswith("cpu")
+    tolerance = 0.0 if both_cpu else float(rules.get("cuda_quality_tolerance", DEFAULT_CUDA_QUALITY_TOLERANCE))
+    rows = []
+    for metric in rules.get("metrics", DEFAULT_REPRODUCED_METRICS):
+        old, new = _lookup(reference, metric, names[0]), _lookup(rebuild, metric, names[1])
+        change = (new - old) / old if old else math.inf * (new != old)
+        rows.append({"metric": metric, "reference": old, "rebuild": new, "relative_change": change,
+                     "ok": abs(change) <= tolerance + 1e-12})
+    return {"tolerance": tolerance, "rows": rows, "reproduced": all(r["ok"] for r in rows)}

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
+from pathlib import Path
 
 import torch
 
@@ -13,7 +14,7 @@ from specbench.zoo.build import build_zoo
 from specbench.zoo.build_record import read_record
 from specbench.zoo.config import SCALES
 from specbench.zoo.corpus import DATA_DIR_ENV
-from specbench.zoo.registry import ARTIFACTS_DIR, REFERENCES, find_build_dir, install_build, resolve_zoo_ref, zoo_root
+from specbench.zoo.registry import ARTIFACTS_DIR, BUILD_NAME, REFERENCES, find_build_dir, install_build, resolve_zoo_ref, zoo_root
 
 
 def headline(record: dict) -> str:
@@ -75,6 +76,23 @@ def cmd_summary(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_compare(args: argparse.Namespace) -> int:
+    from specbench.zoo.build_record import compare_records
+
+    reference_path = Path(args.reference) if args.reference else zoo_root() / BUILD_NAME
+    reference, rebuild = read_record(find_build_dir(reference_path)), read_record(find_build_dir(args.rebuild))
+    verdict = compare_records(reference, rebuild, names=(str(reference_path), args.rebuild))
+    print(f"{reference['name']}: {reference['device']} build vs {rebuild['device']} rebuild, seed {rebuild['seed']}, "
+          f"tolerance {verdict['tolerance']:.0%}")
+    for row in verdict["rows"]:
+        print(f"  {'ok  ' if row['ok'] else 'FAIL'} {row['metric']}: {row['reference']:.4f} -> {row['rebuild']:.4f} "
+              f"({row['relative_change']:+.1%})")
+    heads = [f"{a:.2f}->{b:.2f}" for a, b in zip(reference["medusa"]["top1_accuracy"], rebuild["medusa"]["top1_accuracy"])]
+    print(f"  (per-head top-1: {', '.join(heads)})")
+    print("reproduced" if verdict["reproduced"] else "NOT reproduced")
+    return 0 if verdict["reproduced"] else 1
+
+
 def cmd_list(args: argparse.Namespace) -> int:
     print(f"zoo directory: {zoo_root()}")
     for name in REFERENCES:
@@ -118,6 +136,14 @@ def _add_zoo_commands(parser: argparse.ArgumentParser) -> None:
     summary = commands.add_parser("summary", help="print the headline numbers of a finished build")
     summary.add_argument("build_dir", help="OUT_DIR of a build, or OUT_DIR/gsm8k-tiny")
     summary.set_defaults(func=cmd_summary)
+
+    compare = commands.add_parser(
+        "compare", help="check that a rebuild reproduces a build's quality metrics within the tolerance its record states",
+        description="Compare two build records (same seed and scale): CPU builds must match exactly, CUDA builds "
+        "within the record's reproducibility.cuda_quality_tolerance. Exit 1 when not reproduced.")
+    compare.add_argument("rebuild", help="the rebuild: OUT_DIR, OUT_DIR/gsm8k-tiny or a build_record.json")
+    compare.add_argument("--reference", help="the build to reproduce (default: the installed gsm8k-tiny)")
+    compare.set_defaults(func=cmd_compare)
 
     listing = commands.add_parser("list", help="zoo names and the paths they resolve to")
     listing.set_defaults(func=cmd_list)
