@@ -128,7 +128,7 @@ def _run_cases(cases: list[Case], quiet: bool) -> list[dict]:
 
 
 def _store(results: list[dict], baselines_dir: str | None) -> None:
-    from specbench.baselines import update_baseline
+    from specbench.baseline_update import update_baseline
 
     command = "specbench " + shlex.join(sys.argv[1:])
     for result in results:

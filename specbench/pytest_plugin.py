@@ -95,7 +95,8 @@ class _Gatekeeper:
         self.node = request.node
 
     def __call__(self, result: dict) -> dict:
-        from specbench.baselines import BaselineStore, compare, update_baseline
+        from specbench.baseline_update import update_baseline
+        from specbench.baselines import BaselineStore, compare
         from specbench.harness import to_json
 
         config = self.config

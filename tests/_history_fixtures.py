@@ -21,7 +21,7 @@ import hashlib
 import random
 from datetime import datetime, timedelta, timezone
 
-from specbench.baselines import update_baseline
+from specbench.baseline_update import update_baseline
 from specbench.report.history import append_results
 
 GPU = "NVIDIA H200"

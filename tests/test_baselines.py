@@ -14,9 +14,10 @@ from pathlib import Path
 import pytest
 from _synthetic_results import make_result, with_divergence
 
+from specbench.baseline_update import update_baseline
 from specbench.baselines import (
     BASELINES_DIR_ENV, BaselineError, BaselineFileError, BaselineRefused, BaselineStore, CaseDefinitionChanged,
-    compare, default_baselines_dir, format_baseline_file, update_baseline,
+    compare, default_baselines_dir, format_baseline_file,
 )
 
 KILL_WRITER = Path(__file__).with_name("_kill_writer.py")

@@ -8,7 +8,8 @@ import math
 import pytest
 from _synthetic_results import make_result, with_divergence
 
-from specbench.baselines import CaseDefinitionChanged, compare, update_baseline
+from specbench.baseline_update import update_baseline
+from specbench.baselines import CaseDefinitionChanged, compare
 from specbench.gate_intervals import bootstrap_interval
 from specbench.gates import DEFAULT_TOLERANCES, LOWER_IS_BETTER, compare_entry, resolve_tolerances
 

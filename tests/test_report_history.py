@@ -9,7 +9,8 @@ import threading
 
 import pytest
 
-from specbench.baselines import compare, update_baseline
+from specbench.baseline_update import update_baseline
+from specbench.baselines import compare
 from specbench.report.cli import main
 from specbench.report.history import (
     HistoryError,
