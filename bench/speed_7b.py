@@ -98,11 +98,11 @@ def hf_generate_rate(model, prompt, new_tokens, **kwargs) -> float:
 def hf_forward_loop_rate(model, prompt, new_tokens) -> float:
     """tok/s of a bare greedy loop over ``model(...)`` with a DynamicCache: the model's own cost without
     ``generate``'s per-step machinery (logits processors, stopping criteria, input preparation)."""
-    import inspect
-
     from transformers import DynamicCache
 
-    cache_kwarg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    from specbench.engine.hf_target import cache_argument
+
+    cache_kwarg = cache_argument(model.forward)
     ids = prompt[None].to(model.device)
     for _ in range(2):  # the second run is timed
         sync(model.device)

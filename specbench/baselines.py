@@ -195,11 +195,12 @@ def _defining(case: dict) -> dict:
     return strict_json.json_safe({k: v for k, v in (case or {}).items() if k not in NON_DEFINING_CASE_KEYS}, FLOAT_SIGNIFICANT_DIGITS)
 
 
-def case_changes(stored_case: dict, case: dict) -> list[str]:
-    """Human-readable differences between two case definitions ([] when they define the same run)."""
+def case_changes(stored_case: dict, case: dict, *, ignore: tuple[str, ...] = ()) -> list[str]:
+    """Human-readable differences between two case definitions ([] when they define the same run),
+    leaving out the keys in ``ignore``."""
     old, new = _defining(stored_case), _defining(case)
     return [f"{key}: baseline {old.get(key, '<absent>')!r}, now {new.get(key, '<absent>')!r}"
-            for key in sorted(set(old) | set(new)) if old.get(key) != new.get(key)]
+            for key in sorted(set(old) | set(new)) if old.get(key) != new.get(key) and key not in ignore]
 
 
 def compare(result: dict, baseline_store=None, *, tolerances: dict | None = None,
@@ -239,8 +240,7 @@ def _quality_reference(store: BaselineStore, suite: str, case_id: str, case: dic
     reference_id = f"{suite}/{reference}"
     entry = store.entry(reference_id)
     if entry is not None:
-        free = set(QUALITY_REFERENCE_FREE_KEYS)
-        changes = [c for c in case_changes(entry["case"], case) if c.split(":", 1)[0] not in free]
+        changes = case_changes(entry["case"], case, ignore=QUALITY_REFERENCE_FREE_KEYS)
         if changes:
             raise CaseDefinitionChanged(
                 f"{store.path(suite)}: {case_id} takes its quality baseline from {reference_id}, but the two cases "

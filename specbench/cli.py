@@ -196,7 +196,7 @@ def _recorded_results(args: argparse.Namespace) -> list[dict]:
         if args.suite and case.get("suite") != args.suite:
             continue
         by_case[result["case_id"]] = result  # the last record of a case wins
-    chosen = {c.case_id for c in _select([Case.from_dict(r["case"]) for r in by_case.values()], args.k)} if args.k else set(by_case)
+    chosen = {c.case_id for c in _select([Case.from_dict(r["case"]) for r in by_case.values()], args.k)}
     results = [r for case_id, r in by_case.items() if case_id in chosen]
     if not results:
         raise ValueError(f"no results{' of suite ' + args.suite if args.suite else ''}"

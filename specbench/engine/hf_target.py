@@ -23,6 +23,12 @@ from transformers import DynamicCache, PreTrainedModel
 from specbench.engine.target import TargetOutput
 
 
+def cache_argument(forward) -> str:
+    """The keyword a transformers ``forward`` takes its KV cache by: transformers 5.x renamed
+    ``past_key_values`` to ``cache``; ask the signature instead of pinning a minor version."""
+    return "cache" if "cache" in inspect.signature(forward).parameters else "past_key_values"
+
+
 # every backend but cuDNN attention (see the module docstring)
 VARIABLE_SHAPE_SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
@@ -43,11 +49,9 @@ class HFTarget:
         self.dtype = next(model.parameters()).dtype
         self._softcap = getattr(self.config, "final_logit_softcapping", None)
         self.cache: DynamicCache | None = None
-        # transformers 5.x renamed `past_key_values` to `cache` and dropped `cache_position`;
-        # ask the signature instead of pinning a minor version
-        accepted = inspect.signature(self.decoder.forward).parameters
-        self._cache_kwarg = "cache" if "cache" in accepted else "past_key_values"
-        self._takes_cache_position = "cache_position" in accepted
+        self._cache_kwarg = cache_argument(self.decoder.forward)
+        # transformers 5.x also dropped `cache_position`
+        self._takes_cache_position = "cache_position" in inspect.signature(self.decoder.forward).parameters
 
     def _attention_backends(self):
         """Context for a forward: no cuDNN attention on CUDA (a plan build per new shape)."""
