@@ -13,9 +13,9 @@ from specbench.harness import load_prompt_ids, load_target
 
 def calibrate_for_checkpoint(case: Case, *, num_nodes: int, top_k: int = 10, progress: bool = True) -> tuple[list, dict]:
     """(tree paths, metadata) for the Medusa heads ``case.proposer["path"]`` on ``case.target``."""
-    from specbench.checkpoints.medusa import load_medusa_heads
-    from specbench.proposers.medusa_training import collect_self_distillation, head_topk_accuracy
-    from specbench.proposers.tree_calibration import calibrate_tree, expected_acceptance_length, rank_accuracies
+    from specbench.medusa.checkpoint import load_medusa_heads
+    from specbench.medusa.training import collect_self_distillation, head_topk_accuracy
+    from specbench.medusa.tree_calibration import calibrate_tree, expected_acceptance_length, rank_accuracies
 
     target, tokenizer = load_target(case)
     heads = load_medusa_heads(
@@ -59,7 +59,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from specbench.proposers.tree_calibration import save_tree_json
+    from specbench.medusa.tree_calibration import save_tree_json
 
     case = Case(
         name="calibration", suite="calibrate", target=args.target,

@@ -128,7 +128,7 @@ def _run_cases(cases: list[Case], quiet: bool) -> list[dict]:
 
 
 def _store(results: list[dict], baselines_dir: str | None) -> None:
-    from specbench.baseline_update import update_baseline
+    from specbench.gating.regenerate import update_baseline
 
     command = "specbench " + shlex.join(sys.argv[1:])
     for result in results:
@@ -136,7 +136,7 @@ def _store(results: list[dict], baselines_dir: str | None) -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from specbench.baselines import BaselineStore, compare
+    from specbench.gating.baselines import BaselineStore, compare
     from specbench.harness import to_json, write_json_atomic
 
     if any(getattr(args, flag) is not None for flag in EXPLICIT_FLAGS):
@@ -168,7 +168,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             passed &= report.passed
             print(report.format(only_problems=True))
     if args.history:
-        from specbench.report.history import append_results
+        from specbench.gating.history import append_results
 
         print(f"appended to {append_results(args.history, results, gate_reports=reports or None)}")
     lossless = all(r["correctness"]["exact"] or not r["correctness"]["checked"] for r in results)
@@ -205,7 +205,7 @@ def _recorded_results(args: argparse.Namespace) -> list[dict]:
 
 
 def cmd_baselines_show(args: argparse.Namespace) -> int:
-    from specbench.baselines import BaselineStore
+    from specbench.gating.baselines import BaselineStore
 
     store = BaselineStore(args.baselines) if args.baselines else BaselineStore()
     for case_id in store.case_ids():
@@ -325,10 +325,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _user_errors() -> tuple[type[BaseException], ...]:
     """Errors caused by input (bad names, missing data or models): printed in one line, exit code 2."""
-    from specbench.baselines import BaselineError
+    from specbench.gating.baselines import BaselineError
     from specbench.checkpoints.resolve import ModelUnavailable
     from specbench.checkpoints.tensor_files import CheckpointError
-    from specbench.datasets import DatasetUnavailable
+    from specbench.prompts import DatasetUnavailable
 
     return (ValueError, FileNotFoundError, BaselineError, ModelUnavailable, CheckpointError, DatasetUnavailable)
 

@@ -14,12 +14,13 @@ from tqdm.auto import tqdm
 from specbench import strict_json
 from specbench.atomic_write import write_text_atomic
 from specbench.cases import Case, expand_ref
-from specbench.checkpoints.tiny import BUILTIN_TARGETS, synthetic_prompts
+from specbench.checkpoints.tiny import BUILTIN_TARGETS
 from specbench.engine.decode import Decoder, GenerationConfig, GenerationResult
 from specbench.engine.hf_target import HFTarget
 from specbench.engine.sampling import SamplingParams
 from specbench.env import environment_fingerprint
 from specbench.metrics import aggregate
+from specbench.prompts import load_prompts, synthetic_prompts
 from specbench.proposers import create_proposer
 
 RESULT_SCHEMA_VERSION = 1
@@ -58,10 +59,8 @@ def load_prompt_ids(case: Case, tokenizer, vocab_size: int) -> tuple[list[tuple[
     if name == "synthetic":
         seed = spec.pop("seed", 0)
         prompts = synthetic_prompts(num_prompts or 8, vocab_size=vocab_size, seed=seed)
-        source = {"name": name, "source": "synthetic", "origin": f"specbench.checkpoints.tiny seed {seed}", "notes": []}
+        source = {"name": name, "source": "synthetic", "origin": f"specbench.prompts.synthetic seed {seed}", "notes": []}
         return [(f"synthetic-{i}", ids) for i, ids in enumerate(prompts)], source
-    from specbench.datasets import load_prompts
-
     prompt_set = load_prompts(
         name,
         num_prompts=num_prompts,

@@ -95,8 +95,8 @@ class _Gatekeeper:
         self.node = request.node
 
     def __call__(self, result: dict) -> dict:
-        from specbench.baseline_update import update_baseline
-        from specbench.baselines import BaselineStore, compare
+        from specbench.gating.regenerate import update_baseline
+        from specbench.gating.baselines import BaselineStore, compare
         from specbench.harness import to_json
 
         config = self.config
@@ -120,7 +120,7 @@ class _Gatekeeper:
         report = compare(result, BaselineStore(baselines_dir) if baselines_dir else None)
         history = config.getoption("--specbench-history")
         if history:
-            from specbench.report.history import append_results
+            from specbench.gating.history import append_results
 
             append_results(history, [result], gate_reports=[report])
         self.node.user_properties.append(("specbench.gate", "pass" if report.passed else "fail"))
@@ -194,8 +194,8 @@ def skip_unless_available(case) -> None:
     available here: no download is attempted when HF_HUB_OFFLINE=1."""
     from specbench.checkpoints.resolve import ModelUnavailable, resolve_model_dir
     from specbench.checkpoints.tiny import BUILTIN_TARGETS
-    from specbench.datasets import DatasetUnavailable, load_prompts
-    from specbench.zoo.registry import ZooArtifactMissing
+    from specbench.prompts import DatasetUnavailable, load_prompts
+    from specbench.references import ReferenceMissing
 
     from specbench.cases import expand_ref
 
@@ -205,7 +205,7 @@ def skip_unless_available(case) -> None:
     for key, ref in refs:
         try:
             resolve_model_dir(expand_ref(ref, key=key))
-        except (ModelUnavailable, ZooArtifactMissing, ValueError) as err:
+        except (ModelUnavailable, ReferenceMissing, ValueError) as err:
             pytest.skip(f"{case.case_id}: {err}")
     prompts = case.prompts.get("name")
     if prompts and prompts != "synthetic":

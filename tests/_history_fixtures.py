@@ -21,8 +21,8 @@ import hashlib
 import random
 from datetime import datetime, timedelta, timezone
 
-from specbench.baseline_update import update_baseline
-from specbench.report.history import append_results
+from specbench.gating.regenerate import update_baseline
+from specbench.gating.history import append_results
 
 GPU = "NVIDIA H200"
 HARDWARE_CLASSES = ("cpu", GPU)

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from _synthetic_results import make_result, with_divergence
 
-from specbench.baseline_update import update_baseline
-from specbench.baselines import (
+from specbench.gating.regenerate import update_baseline
+from specbench.gating.baselines import (
     BASELINES_DIR_ENV, BaselineError, BaselineFileError, BaselineRefused, BaselineStore, CaseDefinitionChanged,
     compare, default_baselines_dir, format_baseline_file,
 )

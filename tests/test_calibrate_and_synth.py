@@ -34,7 +34,8 @@ def test_calibrate_tree_for_the_reference_heads(tmp_path, capsys):
 def test_zoo_synth_writes_the_upstream_layout(tmp_path):
     import warnings
 
-    from specbench.checkpoints.medusa import MedusaCheckpointWarning, load_medusa_heads, read_medusa_checkpoint
+    from specbench.checkpoints.medusa import MedusaCheckpointWarning, read_medusa_checkpoint
+    from specbench.medusa.checkpoint import load_medusa_heads
 
     assert main(["zoo", "synth", str(tmp_path), "--tiny", "--device", "cpu"]) == 0
     config = json.loads((tmp_path / "medusa" / "config.json").read_text())

@@ -68,7 +68,7 @@ def test_medusa_on_another_target_needs_its_heads(capsys):
 def test_regenerate_from_recorded_results_stores_them_without_rerunning(tmp_path, capsys):
     from _synthetic_results import make_result
 
-    from specbench.baselines import BaselineStore
+    from specbench.gating.baselines import BaselineStore
 
     gpu = make_result(seed=1, hardware_class="NVIDIA-H200", name="chain-k3-cuda-fp32")
     other = make_result(seed=2, name="tree-63")

@@ -11,8 +11,7 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 from tokenizers.processors import TemplateProcessing
 from transformers import PreTrainedTokenizerFast
 
-from specbench import datasets as sb_datasets
-from specbench.datasets import DatasetUnavailable, Prompt, known_prompt_sets, load_prompts
+from specbench.prompts import DatasetUnavailable, Prompt, gsm8k, known_prompt_sets, load, load_prompts, sources, spec_bench
 
 
 def _shared_data_dir() -> tuple[Path | None, str]:
@@ -96,7 +95,7 @@ def test_fallback_exemplar_is_train_record_zero():
     # the built-in exemplar must give the very prompt the train split gives, or 1-shot results
     # would depend on whether the train file was found
     train0 = _jsonl_rows(DATA_DIR / "gsm8k/train.jsonl")[0]
-    assert sb_datasets.FALLBACK_GSM8K_EXEMPLAR == {"question": train0["question"], "answer": train0["answer"]}
+    assert gsm8k.FALLBACK_GSM8K_EXEMPLAR == {"question": train0["question"], "answer": train0["answer"]}
 
 
 @needs_data
@@ -105,7 +104,7 @@ def test_spec_bench_counts_and_subtasks():
     assert len(everything) == 480  # SOURCES.md: 480 questions, six subtasks of 80
     rows = _jsonl_rows(DATA_DIR / "spec_bench/question.jsonl")
     assert [p.text for p in everything] == [r["turns"][0] for r in rows]  # first turn, file order
-    for subtask in sb_datasets.SPEC_BENCH_SUBTASKS:
+    for subtask in spec_bench.SPEC_BENCH_SUBTASKS:
         subset = load_prompts(f"spec_bench/{subtask}", data_dir=str(DATA_DIR))
         assert len(subset) == 80 and {p.category for p in subset} == {subtask}
     mt_bench = load_prompts("mt_bench", data_dir=str(DATA_DIR), num_prompts=5)
@@ -160,7 +159,7 @@ def test_missing_train_split_uses_the_fixed_exemplar_and_says_so(tmp_path):
     (tmp_path / "gsm8k").mkdir()
     _write_jsonl(tmp_path / "gsm8k/test.jsonl", [{"question": "What is 2+2?", "answer": "#### 4"}])
     one = load_prompts("gsm8k", data_dir=str(tmp_path))
-    ex = sb_datasets.FALLBACK_GSM8K_EXEMPLAR
+    ex = gsm8k.FALLBACK_GSM8K_EXEMPLAR
     assert one.prompts[0].text == f"Question: {ex['question']}\nAnswer: {ex['answer']}\n\nQuestion: What is 2+2?\nAnswer:"
     assert any("built-in exemplar" in n for n in one.notes)
     with pytest.raises(DatasetUnavailable, match=r"2-shot exemplars.*gsm8k/train\.jsonl not found"):
@@ -272,8 +271,8 @@ def test_chat_template_errors(tmp_path):
 
 def test_embedded_set_is_read_from_the_package_resource(tmp_path, monkeypatch):
     _write_jsonl(tmp_path / "tiny.jsonl", [{"prompt": "embedded one"}])
-    monkeypatch.setitem(sb_datasets.EMBEDDED_SETS, "tiny-embedded", "tiny.jsonl")
-    monkeypatch.setattr(sb_datasets, "_embedded_root", lambda: tmp_path)
+    monkeypatch.setitem(load.EMBEDDED_SETS, "tiny-embedded", "tiny.jsonl")
+    monkeypatch.setattr(load, "_embedded_root", lambda: tmp_path)
     loaded = load_prompts("tiny-embedded")
     assert (loaded.source, [p.text for p in loaded]) == ("embedded", ["embedded one"])
     assert "tiny-embedded" in known_prompt_sets()
@@ -290,7 +289,7 @@ def test_hub_is_tried_first_and_its_train_split_gives_the_exemplars(tmp_path, mo
         asked.append((hub_id, config, split))
         return hub[split], ""
 
-    monkeypatch.setattr(sb_datasets.sources, "load_hub_split", fake_hub)
+    monkeypatch.setattr(sources, "load_hub_split", fake_hub)
     (tmp_path / "gsm8k").mkdir()
     _write_jsonl(tmp_path / "gsm8k/test.jsonl", [{"question": "local q", "answer": "#### 2"}])
     loaded = load_prompts("gsm8k", data_dir=str(tmp_path))
@@ -302,8 +301,6 @@ def test_hub_is_tried_first_and_its_train_split_gives_the_exemplars(tmp_path, mo
 @needs_data
 def test_local_files_load_without_the_datasets_package(monkeypatch):
     """The lent GPU machine has no `datasets`: local copies must still load, with identical prompts."""
-    from specbench.prompts import sources
-
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with_datasets = load_prompts("gsm8k", num_prompts=5, data_dir=str(DATA_DIR))
     monkeypatch.setattr(sources, "datasets", None)

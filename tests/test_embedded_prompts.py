@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from specbench.datasets import EMBEDDED_PACKAGE_DIR, EMBEDDED_SETS, format_gsm8k_prompt, load_prompts
+from specbench.prompts import format_gsm8k_prompt, load_prompts
+from specbench.prompts.load import EMBEDDED_PACKAGE_DIR, EMBEDDED_SETS
 
 SET_NAME = "gsm8k-embedded"
 MIN_PROMPTS = 60  # the size the set was asked to have; fewer makes acceptance-rate means noisy

@@ -8,10 +8,10 @@ import math
 import pytest
 from _synthetic_results import make_result, with_divergence
 
-from specbench.baseline_update import update_baseline
-from specbench.baselines import CaseDefinitionChanged, compare
-from specbench.gate_intervals import bootstrap_interval
-from specbench.gates import DEFAULT_TOLERANCES, LOWER_IS_BETTER, compare_entry, resolve_tolerances
+from specbench.gating.regenerate import update_baseline
+from specbench.gating.baselines import CaseDefinitionChanged, compare
+from specbench.gating.intervals import bootstrap_interval
+from specbench.gating.gates import DEFAULT_TOLERANCES, LOWER_IS_BETTER, compare_entry, resolve_tolerances
 
 QUALITY_CHECKS = ("acceptance_rate", "mean_acceptance_length", "per_position_acceptance_rate[0]",
                   "per_position_acceptance_rate[1]", "per_position_acceptance_rate[2]")
@@ -206,7 +206,7 @@ def test_bootstrap_is_seeded_and_pairs_by_prompt_id(baseline):
 
 def test_cpu_speed_is_reported_not_gated_by_default():
     """CPU timings on shared machines swing 2-4x under load: unset gate_speed gates speed on GPUs only."""
-    from specbench.gates import compare_entry
+    from specbench.gating.gates import compare_entry
 
     from _synthetic_results import make_result
 

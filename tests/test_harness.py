@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from specbench.baselines import compare
+from specbench.gating.baselines import compare
 from specbench.cases import find_case
 from specbench.harness import run_case
 

@@ -12,12 +12,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from transformers import AutoConfig
 
-from specbench.checkpoints.medusa import (
-    MedusaCheckpointWarning,
-    load_medusa_heads,
-    read_medusa_checkpoint,
-    save_medusa_heads,
-)
+from specbench.checkpoints.medusa import MedusaCheckpointWarning, read_medusa_checkpoint
 from specbench.checkpoints.medusa_config import (
     MedusaCheckpointError,
     MedusaConfig,
@@ -26,7 +21,8 @@ from specbench.checkpoints.medusa_config import (
 )
 from specbench.checkpoints.tensor_files import CheckpointError
 from specbench.checkpoints.tiny import tiny_llama
-from specbench.proposers.medusa_heads import MedusaHeads, MedusaHeadsConfig
+from specbench.medusa.checkpoint import load_medusa_heads, save_medusa_heads
+from specbench.medusa.heads import MedusaHeads, MedusaHeadsConfig
 
 HIDDEN, VOCAB, HEADS = 32, 64, 5
 

@@ -14,7 +14,7 @@ from specbench.engine.hf_target import HFTarget
 from specbench.engine.tree import TreeBuffers
 from specbench.proposers import create_proposer
 from specbench.proposers.medusa import MedusaProposer
-from specbench.proposers.medusa_heads import MedusaHeads, MedusaHeadsConfig
+from specbench.medusa.heads import MedusaHeads, MedusaHeadsConfig
 
 VOCAB, HIDDEN = 256, 64  # tiny_llama defaults
 PROMPT = torch.tensor([3, 17, 42, 99, 7, 250, 1, 64])
@@ -210,7 +210,7 @@ def test_describe_and_registry(tiny_model):
 
 
 def test_path_loads_heads_for_the_target_shape_and_dtype(monkeypatch):
-    """``path=`` goes through checkpoints.medusa.load_medusa_heads (stubbed here) with the target's
+    """``path=`` goes through medusa.checkpoint.load_medusa_heads (stubbed here) with the target's
     hidden size, vocabulary and dtype, and the heads end up in the target's dtype."""
     calls = []
 
@@ -220,7 +220,7 @@ def test_path_loads_heads_for_the_target_shape_and_dtype(monkeypatch):
 
     stub = types.ModuleType("specbench.checkpoints.medusa")
     stub.load_medusa_heads = load_medusa_heads
-    monkeypatch.setitem(sys.modules, "specbench.checkpoints.medusa", stub)
+    monkeypatch.setitem(sys.modules, "specbench.medusa.checkpoint", stub)
     target = HFTarget(tiny_llama(seed=0, dtype=torch.bfloat16))
     proposer = MedusaProposer.from_options(target, path="some/medusa-ckpt", num_speculative_tokens=2)
     assert calls == [("some/medusa-ckpt", HIDDEN, VOCAB, torch.bfloat16)]

@@ -10,8 +10,8 @@ from specbench.checkpoints.tiny import tiny_llama
 from specbench.engine.decode import Decoder, GenerationConfig
 from specbench.engine.hf_target import HFTarget
 from specbench.proposers.medusa import MedusaProposer
-from specbench.proposers.medusa_heads import MedusaHeads, MedusaHeadsConfig
-from specbench.proposers.medusa_training import (
+from specbench.medusa.heads import MedusaHeads, MedusaHeadsConfig
+from specbench.medusa.training import (
     IGNORE_INDEX,
     _ignore_after_eos,
     collect_self_distillation,

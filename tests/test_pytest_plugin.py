@@ -136,7 +136,7 @@ def test_junitxml_carries_metrics(pytester, tests_dir):
 
 
 def test_history_option_records_results_and_gate_outcomes(pytester, tests_dir):
-    from specbench.report.history import load_history
+    from specbench.gating.history import load_history
 
     baselines = pytester.path / "baselines"
     history = pytester.path / "history"
@@ -161,7 +161,7 @@ def test_case(index, specbench_gate):
 
 def test_eight_xdist_workers_lose_no_record(pytester, tests_dir):
     """8 workers append to one results file and one history at once: every record arrives whole."""
-    from specbench.report.history import load_history
+    from specbench.gating.history import load_history
 
     count = 48
     pytester.makepyfile(test_many=MANY_CASES.format(tests_dir=str(tests_dir), count=count))

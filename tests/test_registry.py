@@ -7,7 +7,7 @@ from importlib.metadata import EntryPoint
 import pytest
 
 from specbench.proposers import registry
-from specbench.proposers.base import Proposer
+from specbench.engine.proposer import Proposer
 
 
 class ThirdPartyProposer(Proposer):

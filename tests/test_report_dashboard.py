@@ -9,11 +9,11 @@ from html.parser import HTMLParser
 
 import pytest
 
-from specbench.baselines import BaselineStore
-from specbench.gates import HIGHER_IS_BETTER, LOWER_IS_BETTER
+from specbench.gating.baselines import BaselineStore
+from specbench.gating.gates import HIGHER_IS_BETTER, LOWER_IS_BETTER
 from specbench.report.changes import detect_regressions, find_steps
 from specbench.report.cli import main
-from specbench.report.history import load_history
+from specbench.gating.history import load_history
 from specbench.report.html import TREND_METRICS
 from specbench.report.status import status_rows
 from tests._history_fixtures import (

@@ -9,10 +9,10 @@ import threading
 
 import pytest
 
-from specbench.baseline_update import update_baseline
-from specbench.baselines import compare
+from specbench.gating.regenerate import update_baseline
+from specbench.gating.baselines import compare
 from specbench.report.cli import main
-from specbench.report.history import (
+from specbench.gating.history import (
     HistoryError,
     TruncatedRecordWarning,
     append_results,

@@ -7,7 +7,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from specbench.engine import tree as tree_module
 from specbench.engine.draft import Draft
 from specbench.engine.tree import TreeBuffers, load_tree
 
@@ -98,20 +97,20 @@ def test_load_tree_from_list_file_and_names(tmp_path, monkeypatch):
     assert load_tree(listed).paths == load_tree(str(wrapped)).paths == HAND_SORTED
     assert load_tree(wrapped).name == "wrapped"
 
-    shipped_dir = tmp_path / "shipped"
-    shipped_dir.mkdir()
-    (shipped_dir / "tiny3.json").write_text(json.dumps({"paths": [[0], [0, 0], [1]]}))
+    # a shipped reference tree (specbench.references) is found by name, and wins over a published one
+    zoo = tmp_path / "zoo" / "gsm8k-tiny" / "trees"
+    zoo.mkdir(parents=True)
+    (zoo / "gsm8k-tiny-15.json").write_text(json.dumps({"paths": [[0], [0, 0], [1]]}))
     data_dir = tmp_path / "data"
     (data_dir / "medusa_trees").mkdir(parents=True)
-    # the shipped copy of "tiny3" must win over the published one
-    published = {"tiny3": [[0]], "pub2": [[0], [1]]}
+    published = {"gsm8k-tiny-15": [[0]], "pub2": [[0], [1]]}
     (data_dir / "medusa_trees" / "medusa_choices.json").write_text(json.dumps(published))
-    monkeypatch.setattr(tree_module, "SHIPPED_TREES_DIR", shipped_dir)
+    monkeypatch.setenv("SPECBENCH_ZOO_DIR", str(tmp_path / "zoo"))
     monkeypatch.setenv("SPECBENCH_DATA_DIR", str(data_dir))
-    assert load_tree("tiny3").num_nodes == 3
+    assert load_tree("gsm8k-tiny-15").num_nodes == 3
     assert load_tree("pub2").paths == ((0,), (1,))
     assert load_tree("pub2").name == "pub2"
-    with pytest.raises(ValueError, match=r"unknown Medusa tree 'nope'.*tiny3.*pub2, tiny3"):
+    with pytest.raises(ValueError, match=r"unknown Medusa tree 'nope'.*gsm8k-tiny-63, gsm8k-tiny-15.*gsm8k-tiny-15, pub2"):
         load_tree("nope")
     monkeypatch.delenv("SPECBENCH_DATA_DIR")
     with pytest.raises(ValueError, match=r"unknown Medusa tree 'pub2'.*set SPECBENCH_DATA_DIR"):
@@ -121,6 +120,14 @@ def test_load_tree_from_list_file_and_names(tmp_path, monkeypatch):
     (tmp_path / "odd.json").write_text(json.dumps({"trees": []}))
     with pytest.raises(ValueError, match=r"odd.json: expected a JSON list of paths or an object with key 'paths'"):
         load_tree(tmp_path / "odd.json")
+
+
+def test_unknown_tree_lists_the_trees_the_package_ships(monkeypatch):
+    """Finding: `--tree nope` listed "shipped trees (.../specbench/trees): none" while `specbench zoo
+    list` showed two; the names now come from the one table both read."""
+    monkeypatch.delenv("SPECBENCH_ZOO_DIR", raising=False)
+    with pytest.raises(ValueError, match=r"shipped trees \(`specbench zoo list`\): gsm8k-tiny-63, gsm8k-tiny-15;"):
+        load_tree("nope")
 
 
 def _published_trees_file() -> Path:

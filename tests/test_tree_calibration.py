@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from specbench.engine.tree import load_tree
-from specbench.proposers.tree_calibration import (
+from specbench.medusa.tree_calibration import (
     calibrate_tree,
     expected_acceptance_length,
     rank_accuracies,

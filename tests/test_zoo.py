@@ -16,15 +16,19 @@ import torch
 from safetensors import safe_open
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from specbench.checkpoints.medusa import load_medusa_heads, read_medusa_checkpoint
+from specbench.checkpoints.medusa import read_medusa_checkpoint
+from specbench.medusa.checkpoint import load_medusa_heads
 from specbench.engine.tree import load_tree
-from specbench.zoo import ZooArtifactMissing, resolve_zoo_ref, zoo_names
+from specbench.references import ReferenceMissing, reference_names, resolve_reference
 from specbench.zoo.build import _checks, build_zoo
 from specbench.zoo.cli import add_zoo_subcommand, cmd_build, main
 from specbench.zoo.build_record import RECORD_FILE, RECORD_KEYS, read_record
 from specbench.zoo.config import FULL, TEST
-from specbench.zoo.corpus import DATA_DIR_ENV, SPLIT_FILES, document_text, prompt_text, read_split, resolve_data_dir
-from specbench.zoo.registry import REFERENCES, ZOO_DIR_ENV, install_build
+from specbench.prompts.gsm8k import SPLIT_FILES, read_split
+from specbench.references import DATA_DIR_ENV
+from specbench.zoo.corpus import document_text, prompt_text
+from specbench.references import REFERENCES, ZOO_DIR_ENV
+from specbench.zoo.registry import install_build
 
 DATA_DIR = os.environ.get(DATA_DIR_ENV)
 
@@ -106,8 +110,8 @@ def test_prompts_are_prefixes_of_training_documents(built):
 
 
 def test_prompt_text_is_the_zero_shot_gsm8k_prompt():
-    pytest.importorskip("datasets", reason="specbench.datasets needs the datasets package")
-    from specbench.datasets import format_gsm8k_prompt
+    pytest.importorskip("datasets", reason="specbench.prompts needs the datasets package")
+    from specbench.prompts import format_gsm8k_prompt
 
     question = "Natalia sold clips to 48 of her friends in April. How many?"
     assert prompt_text(question) == format_gsm8k_prompt(question, [])
@@ -165,23 +169,23 @@ def test_build_refuses_to_overwrite_without_flag(built, capsys):
 
 def test_registry_error_names_the_missing_path_and_the_command(tmp_path, monkeypatch):
     monkeypatch.setenv(ZOO_DIR_ENV, str(tmp_path))
-    for name in zoo_names():
-        with pytest.raises(ZooArtifactMissing) as error:
-            resolve_zoo_ref(name)
+    for name in reference_names():
+        with pytest.raises(ReferenceMissing) as error:
+            resolve_reference(name)
         message = str(error.value)
         assert str(tmp_path / "gsm8k-tiny" / REFERENCES[name]) in message
         assert "specbench zoo build" in message
-    assert resolve_zoo_ref("lmsys/vicuna-7b-v1.3") is None  # not a zoo name: callers go on to the hub
+    assert resolve_reference("lmsys/vicuna-7b-v1.3") is None  # not a zoo name: callers go on to the hub
 
 
 @needs_data
 def test_registry_resolves_a_build_directory(built, monkeypatch):
     monkeypatch.setenv(ZOO_DIR_ENV, str(built.parent))
-    assert resolve_zoo_ref("specbench-ref/gsm8k-tiny") == built / "target"
-    assert resolve_zoo_ref("specbench-ref/gsm8k-tiny-medusa") == built / "medusa"
-    assert resolve_zoo_ref("specbench-ref/gsm8k-tiny-draft") == built / "draft"
-    assert resolve_zoo_ref("gsm8k-tiny-63") == built / "trees" / "gsm8k-tiny-63.json"
-    assert resolve_zoo_ref("gsm8k-tiny-15") == built / "trees" / "gsm8k-tiny-15.json"
+    assert resolve_reference("specbench-ref/gsm8k-tiny") == built / "target"
+    assert resolve_reference("specbench-ref/gsm8k-tiny-medusa") == built / "medusa"
+    assert resolve_reference("specbench-ref/gsm8k-tiny-draft") == built / "draft"
+    assert resolve_reference("gsm8k-tiny-63") == built / "trees" / "gsm8k-tiny-63.json"
+    assert resolve_reference("gsm8k-tiny-15") == built / "trees" / "gsm8k-tiny-15.json"
 
 
 @needs_data
@@ -215,7 +219,7 @@ def test_full_scale_checks_follow_the_config():
 def test_data_errors_name_the_path_and_the_variable(tmp_path, monkeypatch):
     monkeypatch.delenv(DATA_DIR_ENV, raising=False)
     with pytest.raises(FileNotFoundError, match=f"--data-dir or set {DATA_DIR_ENV}"):
-        resolve_data_dir(None)
+        read_split(None, "train")
     with pytest.raises(FileNotFoundError, match=str(tmp_path / "gsm8k" / "test.jsonl")):
         read_split(tmp_path, "test")
     (tmp_path / "gsm8k").mkdir()
@@ -236,9 +240,9 @@ def test_compare_checks_a_rebuild_against_the_tolerance_its_record_states(tmp_pa
 
     from specbench.cli import main
     from specbench.zoo.build_record import compare_records, read_record
-    from specbench.zoo.registry import zoo_root
+    from specbench.references import references_root
 
-    shipped = read_record(zoo_root() / "gsm8k-tiny")  # a CUDA build: 5% for the quality metrics
+    shipped = read_record(references_root() / "gsm8k-tiny")  # a CUDA build: 5% for the quality metrics
     rebuild = copy.deepcopy(shipped)
     rebuild["acceptance"]["chain_k3"]["acceptance_rate"] *= 1.04
     rebuild["reproducibility"] = {"cuda_quality_tolerance": 0.05, "metrics": [

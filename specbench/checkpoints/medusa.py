@@ -1,5 +1,6 @@
-"""Load Medusa heads from every published layout (old FasterDecoding, its "version 2", vLLM, Medusa-2
-whole models) with strict key and shape checks, and export them atomically in either heads layout.
+"""Read Medusa heads from every published layout (old FasterDecoding, its "version 2", vLLM, Medusa-2
+whole models) with strict key, shape and value checks, and write them atomically in either heads
+layout (docs/checkpoints.md). The nn.Module they become is :mod:`specbench.medusa.heads`.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from safetensors.torch import save_file
 from specbench.checkpoints.medusa_config import (
     MedusaCheckpointError,
     MedusaConfig,
+    MedusaHeadsConfig,
     config_field,
     read_config_json,
 )
@@ -36,7 +38,6 @@ from specbench.checkpoints.medusa_layouts import (
 )
 from specbench.checkpoints.resolve import resolve_model_dir
 from specbench.checkpoints.tensor_files import open_tensor_file
-from specbench.proposers.medusa_heads import MedusaHeads, MedusaHeadsConfig
 
 # looked for in this order: a heads-only file before a whole model, safetensors before a pickle
 WEIGHTS_FILES = (
@@ -230,39 +231,19 @@ def read_medusa_checkpoint(
     )
 
 
-def load_medusa_heads(
-    ref: str | os.PathLike,
-    *,
-    hidden_size: int,
-    vocab_size: int,
-    num_heads: int | None = None,
-    dtype: torch.dtype | None = None,
-    allow_download: bool | None = None,
-) -> MedusaHeads:
-    """MedusaHeads (eval mode, no grad) from a checkpoint of any layout, checked against the target's
-    hidden_size and vocab_size; num_heads=K keeps the first K heads; dtype casts (else the file's)."""
-    checkpoint = read_medusa_checkpoint(ref, hidden_size=hidden_size, vocab_size=vocab_size, allow_download=allow_download)
+def first_heads(checkpoint: MedusaCheckpoint, num_heads: int | None) -> tuple[MedusaHeadsConfig, dict[str, torch.Tensor]]:
+    """(config, state dict) of the checkpoint's first ``num_heads`` heads (all when None)."""
     config, state_dict = checkpoint.config, checkpoint.state_dict
-    if num_heads is not None:
-        if not 1 <= num_heads <= config.num_heads:
-            raise MedusaCheckpointError(
-                f"{checkpoint.weights_file}: num_heads={num_heads} asked for, but the file holds {config.num_heads} heads; "
-                f"ask for 1..{config.num_heads}"
-            )
-        config = replace(config, num_heads=num_heads)
-        state_dict = {module_key: state_dict[module_key] for module_key, _ in key_map(MODULE_SCHEME, _structure_of(config)).values()}
-    dtypes = {tensor.dtype for tensor in state_dict.values()}
-    if dtype is None and len(dtypes) > 1:
+    if num_heads is None:
+        return config, state_dict
+    if not 1 <= num_heads <= config.num_heads:
         raise MedusaCheckpointError(
-            f"{checkpoint.weights_file}: tensors of mixed dtypes {sorted(map(str, dtypes))}; pass dtype= to choose one"
+            f"{checkpoint.weights_file}: num_heads={num_heads} asked for, but the file holds {config.num_heads} heads; "
+            f"ask for 1..{config.num_heads}"
         )
-    # built on the meta device: the real tensors are assigned, not copied into random ones
-    with torch.device("meta"):
-        heads = MedusaHeads(config)
-    heads.load_state_dict(state_dict, strict=True, assign=True)
-    if dtype is not None:
-        heads.to(dtype)
-    return heads.eval().requires_grad_(False)
+    config = replace(config, num_heads=num_heads)
+    keep = [module_key for module_key, _ in key_map(MODULE_SCHEME, _structure_of(config)).values()]
+    return config, {module_key: state_dict[module_key] for module_key in keep}
 
 
 def _structure_of(config: MedusaHeadsConfig) -> HeadStructure:
@@ -272,19 +253,19 @@ def _structure_of(config: MedusaHeadsConfig) -> HeadStructure:
 # ---------------------------------------------------------------- export
 
 
-def save_medusa_heads(
-    heads: MedusaHeads,
+def write_medusa_checkpoint(
+    config: MedusaHeadsConfig,
+    module_state: dict[str, torch.Tensor],
     out_dir: str | os.PathLike,
     *,
     layout: Literal["fasterdecoding", "vllm"],
     base_model_name_or_path: str,
     weights_format: Literal["safetensors", "pt"] = "safetensors",
 ) -> Path:
-    """Write heads as an old FasterDecoding directory (config.json + medusa_lm_head.safetensors|.pt;
+    """Write heads (``module_state`` in MedusaHeads names) as an old FasterDecoding directory (config.json + medusa_lm_head.safetensors|.pt;
     heads without vocab projections get "version": "2") or a vLLM directory (model_type "medusa",
     model.safetensors, medusa_fc_bias so the biases are kept). Atomic: written into a temporary
     sibling directory, then renamed; out_dir must not exist or be empty."""
-    config = heads.config
     if layout not in ("fasterdecoding", "vllm"):
         raise ValueError(f"layout={layout!r}; expected 'fasterdecoding' or 'vllm'")
     if weights_format not in ("safetensors", "pt"):
@@ -297,7 +278,6 @@ def save_medusa_heads(
     if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
         raise FileExistsError(f"{out_dir} already exists and is not an empty directory; choose a new path or remove it")
 
-    module_state = heads.state_dict()
     mapping = key_map(KEY_SCHEMES[layout], _structure_of(config))
     # clone: FasterDecoding shares one block across indices, and safetensors refuses shared storage
     tensors = {key: module_state[module_key].detach().to("cpu").contiguous().clone() for key, (module_key, _) in mapping.items()}

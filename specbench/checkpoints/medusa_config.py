@@ -5,6 +5,7 @@ old FasterDecoding configs, which lack model_type and name their fields medusa_n
 import json
 import os
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,17 @@ from specbench.checkpoints.tensor_files import CheckpointError
 
 # normalised field name -> the name old FasterDecoding configs use for it
 LEGACY_FIELD_NAMES = {"num_heads": "medusa_num_heads", "num_hidden_layers": "medusa_num_layers"}
+
+
+@dataclass(frozen=True)
+class MedusaHeadsConfig:
+    """The shape of a set of Medusa heads, as the weights show it (what the loader checks and builds)."""
+
+    num_heads: int
+    num_layers: int  # residual blocks per head
+    hidden_size: int
+    vocab_size: int
+    has_vocab_projection: bool = True  # False: "version 2", heads reuse the target's lm_head
 
 
 class MedusaCheckpointError(CheckpointError):

@@ -62,7 +62,7 @@ KEY_SCHEMES = {
     "vllm": KeyScheme("blocks.{h}.layers.{l}.weight", "blocks.{h}.layers.{l}.bias", "lm_heads.{h}.weight"),
     "medusa2": KeyScheme("medusa_head.{h}.{l}.linear.weight", "medusa_head.{h}.{l}.linear.bias", "medusa_head.{h}.{L}.weight"),
 }
-# specbench.proposers.medusa_heads.MedusaHeads' state_dict names
+# specbench.medusa.heads.MedusaHeads' state_dict names
 MODULE_SCHEME = KeyScheme("blocks.{h}.{l}.linear.weight", "blocks.{h}.{l}.linear.bias", "lm_heads.{h}.weight")
 
 

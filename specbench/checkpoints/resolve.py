@@ -12,6 +12,8 @@ from pathlib import Path
 
 import torch
 
+from specbench.references import resolve_reference
+
 # the env flags huggingface_hub itself accepts as "on"
 _TRUE_VALUES = {"1", "on", "yes", "true"}
 
@@ -80,9 +82,7 @@ def resolve_model_dir(ref: str | os.PathLike, *, allow_download: bool | None = N
     if not isinstance(ref, (str, os.PathLike)):
         raise TypeError(f"model reference must be a str or os.PathLike, got {type(ref).__name__}")
     ref_str = os.fspath(ref)
-    from specbench.zoo.registry import resolve_zoo_ref  # specbench's own reference models, by short name
-
-    zoo_path = resolve_zoo_ref(ref_str)
+    zoo_path = resolve_reference(ref_str)
     if zoo_path is not None:
         return zoo_path
     _check_ref_string(ref_str)

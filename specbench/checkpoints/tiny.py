@@ -34,18 +34,6 @@ def tiny_llama(seed: int = 0, dtype: torch.dtype = torch.float32, **config_overr
     return model.to(dtype).eval()
 
 
-def synthetic_prompts(num_prompts: int, vocab_size: int = 256, seed: int = 0, phrase_len: int = 6) -> list[list[int]]:
-    """Token-id prompts for tokenizer-less tiny targets: a random phrase, noise, the phrase again,
-    so prompt lookup has something to find (random weights make any acceptance incidental)."""
-    gen = torch.Generator().manual_seed(seed)
-    prompts = []
-    for _ in range(num_prompts):
-        phrase = torch.randint(0, vocab_size, (phrase_len,), generator=gen)
-        noise = torch.randint(0, vocab_size, (phrase_len // 2,), generator=gen)
-        prompts.append(torch.cat([phrase, noise, phrase, phrase[: phrase_len // 2]]).tolist())
-    return prompts
-
-
 BUILTIN_TARGETS = {
     # name -> factory(dtype) ; tokenizer-less, random weights: for demos and engine tests only
     "specbench-tiny/random-llama": lambda dtype: tiny_llama(seed=0, dtype=dtype),

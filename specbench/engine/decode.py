@@ -19,7 +19,7 @@ from specbench.engine.sampling import SamplingParams
 from specbench.engine.target import Target
 from specbench.engine.verification import verify
 from specbench.metrics import RequestTiming, SpecCounters
-from specbench.proposers.base import Proposer, ProposerState
+from specbench.engine.proposer import Proposer, ProposerState
 
 
 @dataclass

@@ -15,10 +15,9 @@ from typing import Sequence, Union
 import torch
 
 from specbench.engine.draft import Draft
+from specbench.references import DATA_DIR_ENV, data_dir, reference_names, resolve_reference
 
-DATA_DIR_ENV = "SPECBENCH_DATA_DIR"
 PUBLISHED_TREES_FILE = Path("medusa_trees") / "medusa_choices.json"  # under $SPECBENCH_DATA_DIR
-SHIPPED_TREES_DIR = Path(__file__).resolve().parent.parent / "trees"  # specbench/trees/<name>.json
 
 TreeSpec = Union["TreeBuffers", Sequence[Sequence[int]], str, os.PathLike]
 
@@ -144,10 +143,10 @@ def _read_tree_file(file: Path) -> list:
 
 
 def _published_trees() -> tuple[Path | None, dict]:
-    root = os.environ.get(DATA_DIR_ENV)
-    if not root:
+    root = data_dir()
+    if root is None:
         return None, {}
-    file = Path(root) / PUBLISHED_TREES_FILE
+    file = root / PUBLISHED_TREES_FILE
     if not file.is_file():
         return file, {}
     try:
@@ -161,14 +160,13 @@ def _published_trees() -> tuple[Path | None, dict]:
 
 def available_trees() -> dict[str, list[str]]:
     """Tree names :func:`load_tree` accepts: ``{"shipped": [...], "published": [...]}``."""
-    shipped = sorted(p.stem for p in SHIPPED_TREES_DIR.glob("*.json")) if SHIPPED_TREES_DIR.is_dir() else []
-    return {"shipped": shipped, "published": sorted(_published_trees()[1])}
+    return {"shipped": reference_names("tree"), "published": sorted(_published_trees()[1])}
 
 
 def load_tree(spec: TreeSpec) -> TreeBuffers:
     """Tree buffers from a list of paths, a JSON file, or a tree name.
 
-    Names are looked up first in the package's ``specbench/trees/<name>.json``, then in
+    Names are looked up first among the shipped reference trees (:mod:`specbench.references`), then in
     ``$SPECBENCH_DATA_DIR/medusa_trees/medusa_choices.json`` (the published Medusa trees).
     """
     if isinstance(spec, TreeBuffers):
@@ -181,13 +179,8 @@ def load_tree(spec: TreeSpec) -> TreeBuffers:
             raise FileNotFoundError(f"Medusa tree file {file} does not exist")
         return TreeBuffers.from_paths(_read_tree_file(file), name=file.stem)
     name = str(spec)
-    from specbench.zoo.registry import resolve_zoo_ref  # trees calibrated for the reference models
-
-    zoo_tree = resolve_zoo_ref(name)
-    if zoo_tree is not None:
-        return TreeBuffers.from_paths(_read_tree_file(zoo_tree), name=name)
-    shipped = SHIPPED_TREES_DIR / f"{name}.json"
-    if shipped.is_file():
+    shipped = resolve_reference(name)
+    if shipped is not None:
         return TreeBuffers.from_paths(_read_tree_file(shipped), name=name)
     published_file, published = _published_trees()
     if name in published:
@@ -200,6 +193,6 @@ def load_tree(spec: TreeSpec) -> TreeBuffers:
         where = f"published trees in {published_file}: {', '.join(sorted(published))}"
     shipped_names = available_trees()["shipped"]
     raise ValueError(
-        f"unknown Medusa tree {name!r}; shipped trees ({SHIPPED_TREES_DIR}): "
+        f"unknown Medusa tree {name!r}; shipped trees (`specbench zoo list`): "
         f"{', '.join(shipped_names) or 'none'}; {where}. A list of paths or a JSON file path also works."
     )

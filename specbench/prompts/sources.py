@@ -1,15 +1,13 @@
 """Where prompt records come from: the Hugging Face hub (probed first, so an absent network fails
-in seconds), a local data directory through datasets' json builder, and JSON/JSONL parsing that
-names the file and line of a bad record."""
+in seconds) and the local data directory (``$SPECBENCH_DATA_DIR``) through datasets' json builder,
+or plain JSON where `datasets` is not installed."""
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 import tempfile
 import threading
-from collections.abc import Iterator
 from contextlib import contextmanager
 from functools import lru_cache
 from pathlib import Path
@@ -20,37 +18,9 @@ try:
 except ImportError:  # a GPU box may lack it (the lent H200 does): local files are still read, as plain JSON
     datasets = None
 
-DATA_DIR_ENV = "SPECBENCH_DATA_DIR"
+from specbench.jsonl import iter_json_records
+from specbench.references import DATA_DIR_ENV, data_dir
 
-
-def iter_json_records(path: Path, label: str) -> Iterator[tuple[str, dict]]:
-    """(location, record) pairs: a file starting with ``[`` is one JSON array, else JSON Lines."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
-    except UnicodeDecodeError as err:
-        raise ValueError(f"{label}: not UTF-8 text ({err}); prompt files must be UTF-8 JSON") from None
-    if text.lstrip().startswith("["):
-        try:
-            records = json.loads(text)
-        except json.JSONDecodeError as err:
-            raise ValueError(f"{label}, line {err.lineno}: invalid JSON ({err.msg})") from None
-        located = ((f"{label}, record {i}", r) for i, r in enumerate(records))
-    else:
-        located = _parse_json_lines(text.splitlines(), label)
-    for where, record in located:
-        if not isinstance(record, dict):
-            raise ValueError(f"{where}: expected a JSON object, found {type(record).__name__}")
-        yield where, record
-
-
-def _parse_json_lines(lines: list[str], label: str) -> Iterator[tuple[str, object]]:
-    for line_no, line in enumerate(lines, start=1):
-        if line.strip():
-            try:
-                yield f"{label}, line {line_no}", json.loads(line)
-            except json.JSONDecodeError as err:
-                raise ValueError(f"{label}, line {line_no}: invalid JSON ({err.msg}, column {err.colno})") from None
 
 
 def _env_flag(name: str) -> bool:
@@ -101,12 +71,13 @@ def hub_unreachable_reason(endpoint: str, timeout_s: float = 3.0) -> str:
     return f"hub unreachable ({host}:{port}: {errors[0]})" if errors else ""
 
 
-def local_file(data_dir: str | None, relative: str) -> tuple[Path | None, str]:
-    """The data file at a fixed relative path, or (None, what was checked)."""
-    root = data_dir if data_dir is not None else os.environ.get(DATA_DIR_ENV)
-    if not root:
+def local_file(override: str | None, relative: str) -> tuple[Path | None, str]:
+    """The data file at a fixed relative path under ``override`` or ``$SPECBENCH_DATA_DIR``, or
+    (None, what was checked)."""
+    root = data_dir(override)
+    if root is None:
         return None, f"local copy: {DATA_DIR_ENV} is not set"
-    path = Path(root).expanduser() / relative
+    path = root / relative
     if not path.is_file():
         return None, f"local copy: {path} not found"
     return path, ""
@@ -115,8 +86,8 @@ def local_file(data_dir: str | None, relative: str) -> tuple[Path | None, str]:
 def unavailable_message(name: str, tried: list[str], relative: str) -> str:
     return (
         f"prompt set {name!r} is unavailable; tried: {'; '.join(tried)}. "
-        f"Set {DATA_DIR_ENV}=/path/to/data (a directory holding {relative}) or pass data_dir=, "
-        "or allow hub access (unset HF_HUB_OFFLINE)."
+        f"To fix: set {DATA_DIR_ENV}=/path/to/data, a directory holding {relative} "
+        "(from Python, load_prompts(..., data_dir=) does the same), or allow hub access (unset HF_HUB_OFFLINE)."
     )
 
 
@@ -133,12 +104,6 @@ def read_local_jsonl(path: Path) -> list[dict]:
     except Exception as err:
         list(iter_json_records(path, str(path)))  # raises with the offending line when it is bad JSON
         raise ValueError(f"{path}: datasets could not read it ({type(err).__name__}: {err})") from err
-
-
-def non_blank_line_numbers(path: Path) -> list[int]:
-    # the json builder skips blank lines, so record i sits on the i-th non-blank line
-    with open(path, encoding="utf-8") as f:
-        return [n for n, line in enumerate(f, start=1) if line.strip()]
 
 
 def require_keys(rows: list[dict], keys: tuple[str, ...], origin: str, line_numbers: list[int] | None = None) -> None:

@@ -8,8 +8,8 @@ from torch import nn
 
 from specbench.engine.draft import Draft
 from specbench.engine.tree import TreeBuffers, TreeSpec, load_tree
-from specbench.proposers.base import Proposer, ProposerState
-from specbench.proposers.medusa_heads import MedusaHeads
+from specbench.engine.proposer import Proposer, ProposerState
+from specbench.medusa.heads import MedusaHeads
 from specbench.proposers.registry import register_proposer
 
 
@@ -76,7 +76,7 @@ class MedusaProposer(Proposer):
                              f"{type(heads).__name__ if heads is not None else None}, path={path!r}")
         lm_head = getattr(target, "lm_head", None)
         if path is not None:
-            from specbench.checkpoints.medusa import load_medusa_heads  # checkpoint formats load only when asked for
+            from specbench.medusa.checkpoint import load_medusa_heads  # checkpoint formats load only when asked for
 
             config = getattr(target, "config", None)
             hidden_size = getattr(config, "hidden_size", None)

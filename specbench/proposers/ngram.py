@@ -5,7 +5,7 @@ from __future__ import annotations
 
 
 from specbench.engine.draft import Draft
-from specbench.proposers.base import Proposer, ProposerState
+from specbench.engine.proposer import Proposer, ProposerState
 from specbench.proposers.registry import register_proposer
 
 

@@ -8,7 +8,7 @@ from importlib import import_module
 from importlib.metadata import entry_points
 from typing import TYPE_CHECKING
 
-from specbench.proposers.base import Proposer
+from specbench.engine.proposer import Proposer
 
 if TYPE_CHECKING:
     from specbench.engine.target import Target

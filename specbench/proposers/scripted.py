@@ -9,7 +9,7 @@ import random
 import torch
 
 from specbench.engine.draft import Draft
-from specbench.proposers.base import Proposer, ProposerState
+from specbench.engine.proposer import Proposer, ProposerState
 
 
 class ScriptedProposer(Proposer):

@@ -32,7 +32,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from specbench.gates import DIRECTIONS, HIGHER_IS_BETTER, resolve_tolerances
+from specbench.gating.gates import DIRECTIONS, HIGHER_IS_BETTER, resolve_tolerances
 
 DETECTED_METRICS = ("acceptance_rate", "mean_acceptance_length", "tokens_per_s", "speedup",
                     "time_to_first_token_s", "per_token_latency_s")
@@ -126,7 +126,7 @@ def find_steps(values, boundaries, *, direction: str, tolerance: float, window: 
 def detect_regressions(history, *, metrics=DETECTED_METRICS, tolerances: dict | None = None,
                        baseline_tolerances: dict | None = None, window: int = WINDOW, min_runs: int = MIN_RUNS,
                        noise_multiple: float = NOISE_MULTIPLE) -> list[Regression]:
-    """Step regressions in a :func:`specbench.report.history.load_history` frame, sorted by case, metric,
+    """Step regressions in a :func:`specbench.gating.history.load_history` frame, sorted by case, metric,
     hardware class and time.
 
     Tolerances per case, as the gates layer them: gates.DEFAULT_TOLERANCES, then ``baseline_tolerances

@@ -12,8 +12,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from specbench.atomic_write import write_text_atomic
-from specbench.baselines import BaselineError, BaselineStore, compare, default_baselines_dir
-from specbench.report.history import (
+from specbench.gating.baselines import BaselineError, BaselineStore, compare, default_baselines_dir
+from specbench.gating.history import (
     HistoryError,
     append_results,
     default_history_dir,

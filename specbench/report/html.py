@@ -11,7 +11,7 @@ from html import escape
 from pathlib import Path
 
 from specbench.atomic_write import write_text_atomic
-from specbench.gates import DIRECTIONS, HIGHER_IS_BETTER
+from specbench.gating.gates import DIRECTIONS, HIGHER_IS_BETTER
 from specbench.report.changes import WINDOW, Regression
 from specbench.report.status import METRIC_LABELS, STATUS_METRICS, StatusRow
 from specbench.report.svg import PALETTE, Line, line_chart
@@ -115,7 +115,7 @@ def status_section(rows: list[StatusRow]) -> str:
                     f'<td class="overall status-{row.status}" title="{failures}">'
                     f'{STATUS_TEXT.get(row.status, row.status)}</td></tr>')
     return ('<h2 id="status">Latest run per case and hardware class vs baseline</h2><p class="muted">Gated again '
-            'against the stored baselines with specbench.gates (tolerance and bootstrap CI; speed only against a '
+            'against the stored baselines with specbench.gating.gates (tolerance and bootstrap CI; speed only against a '
             'baseline of the same hardware class). Hover the overall status for the failing checks.</p>'
             '<table id="status-table"><tr><th class="text" rowspan="2">case</th><th class="text" rowspan="2">'
             'hardware class</th><th class="text" rowspan="2">commit</th>'

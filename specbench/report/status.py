@@ -7,8 +7,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from specbench.baselines import BaselineError, BaselineStore, compare
-from specbench.report.history import result_from_row
+from specbench.gating.baselines import BaselineError, BaselineStore, compare
+from specbench.gating.history import result_from_row
 
 STATUS_METRICS = ("acceptance_rate", "mean_acceptance_length", "tokens_per_s", "speedup")
 METRIC_LABELS = {"acceptance_rate": "acceptance rate", "mean_acceptance_length": "MAL", "tokens_per_s": "tokens/s",

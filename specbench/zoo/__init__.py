@@ -1,6 +1,2 @@
-"""specbench's own small reference models (the "zoo"): built by ``specbench zoo build``, shipped as
-package data, and found by short names such as ``specbench-ref/gsm8k-tiny``."""
-
-from specbench.zoo.registry import ZooArtifactMissing, resolve_zoo_ref, zoo_names
-
-__all__ = ["ZooArtifactMissing", "resolve_zoo_ref", "zoo_names"]
+"""specbench's own small reference models (the "zoo"): built by ``specbench zoo build`` and shipped as
+package data; the short names (``specbench-ref/gsm8k-tiny``, ...) are :mod:`specbench.references`."""

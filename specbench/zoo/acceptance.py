@@ -13,7 +13,7 @@ from specbench.engine.decode import Decoder, GenerationConfig
 from specbench.engine.hf_target import HFTarget
 from specbench.metrics import SpecCounters
 from specbench.proposers.medusa import MedusaProposer
-from specbench.proposers.medusa_heads import MedusaHeads
+from specbench.medusa.heads import MedusaHeads
 
 
 def measure_medusa_acceptance(

@@ -17,18 +17,19 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from specbench.checkpoints.medusa import load_medusa_heads, save_medusa_heads
+from specbench.medusa.checkpoint import load_medusa_heads, save_medusa_heads
 from specbench.env import environment_fingerprint
-from specbench.proposers.medusa_heads import MedusaHeads, MedusaHeadsConfig
-from specbench.proposers.medusa_training import head_topk_accuracy, train_medusa_heads
-from specbench.proposers.tree_calibration import calibrate_tree, expected_acceptance_length, rank_accuracies, save_tree_json
+from specbench.medusa.heads import MedusaHeads, MedusaHeadsConfig
+from specbench.medusa.training import head_topk_accuracy, train_medusa_heads
+from specbench.medusa.tree_calibration import calibrate_tree, expected_acceptance_length, rank_accuracies, save_tree_json
 from specbench.zoo.acceptance import measure_medusa_acceptance
 from specbench.zoo.build_record import (
     CUDA_QUALITY_TOLERANCE, RECORD_SCHEMA_VERSION, REPRODUCED_METRICS, StageTimer, directory_bytes, library_versions,
     loss_summary, write_record,
 )
 from specbench.zoo.config import ZooBuildConfig
-from specbench.zoo.corpus import document_text, prompt_text, read_split
+from specbench.prompts.gsm8k import read_split
+from specbench.zoo.corpus import document_text, prompt_text
 from specbench.zoo.lm_training import build_llama, evaluate_lm, train_causal_lm
 from specbench.zoo.registry import make_readable
 from specbench.zoo.self_distillation import answer_prefix_prompts, collect_continuations, continuation_documents
@@ -36,7 +37,7 @@ from specbench.zoo.tokenizer import encode_documents, train_tokenizer
 
 TARGET_REF = "specbench-ref/gsm8k-tiny"  # written into the Medusa config as base_model_name_or_path
 MAX_TOTAL_BYTES = 25_000_000  # the zoo ships inside the package and travels with it to GPU machines
-PROMPT_FORMAT = "zero-shot: 'Question: <question>\\nAnswer:' (specbench.datasets.format_gsm8k_prompt, no exemplars)"
+PROMPT_FORMAT = "zero-shot: 'Question: <question>\\nAnswer:' (specbench.prompts.format_gsm8k_prompt, no exemplars)"
 _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 # offsets from the build seed, one per random stream, so changing one stage never shifts another
 _SEED_OFFSETS = {"target_init": 0, "target_data": 1, "heads_init": 2, "heads_data": 3, "prefix_cuts": 4, "draft_init": 5, "draft_data": 6}

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from specbench import strict_json
 from specbench.atomic_write import write_text_atomic
-from specbench.gates import DEFAULT_TOLERANCES
+from specbench.gating.gates import DEFAULT_TOLERANCES
 
 RECORD_FILE = "build_record.json"
 RECORD_SCHEMA_VERSION = 1

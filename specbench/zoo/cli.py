@@ -13,8 +13,9 @@ import torch
 from specbench.zoo.build import build_zoo
 from specbench.zoo.build_record import read_record
 from specbench.zoo.config import SCALES
-from specbench.zoo.corpus import DATA_DIR_ENV
-from specbench.zoo.registry import ARTIFACTS_DIR, BUILD_NAME, REFERENCES, find_build_dir, install_build, resolve_zoo_ref, zoo_root
+from specbench.references import DATA_DIR_ENV
+from specbench.references import ARTIFACTS_DIR, BUILD_NAME, REFERENCES, references_root, resolve_reference
+from specbench.zoo.registry import find_build_dir, install_build
 
 
 def headline(record: dict) -> str:
@@ -79,7 +80,7 @@ def cmd_summary(args: argparse.Namespace) -> int:
 def cmd_compare(args: argparse.Namespace) -> int:
     from specbench.zoo.build_record import compare_records
 
-    reference_path = Path(args.reference) if args.reference else zoo_root() / BUILD_NAME
+    reference_path = Path(args.reference) if args.reference else references_root() / BUILD_NAME
     reference, rebuild = read_record(find_build_dir(reference_path)), read_record(find_build_dir(args.rebuild))
     verdict = compare_records(reference, rebuild, names=(str(reference_path), args.rebuild))
     print(f"{reference['name']}: {reference['device']} build vs {rebuild['device']} rebuild, seed {rebuild['seed']}, "
@@ -94,12 +95,12 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    print(f"zoo directory: {zoo_root()}")
+    print(f"zoo directory: {references_root()}")
     for name in REFERENCES:
         try:
-            print(f"  {name}: {resolve_zoo_ref(name)}")
+            print(f"  {name}: {resolve_reference(name)}")
         except FileNotFoundError:
-            print(f"  {name}: not installed ({zoo_root() / 'gsm8k-tiny' / REFERENCES[name]})")
+            print(f"  {name}: not installed ({references_root() / 'gsm8k-tiny' / REFERENCES[name]})")
     return 0
 
 

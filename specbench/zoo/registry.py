@@ -1,6 +1,5 @@
-"""Short names of specbench's own reference models (the "zoo") and where they live: the package's
-``specbench/zoo/artifacts/<build>/`` (or ``$SPECBENCH_ZOO_DIR/<build>/``), filled by ``specbench zoo build``
-and installed atomically from a finished build."""
+"""Installing a finished zoo build into the package's ``specbench/zoo/artifacts/<build>/`` atomically;
+the names it serves and their lookup are :mod:`specbench.references`."""
 
 from __future__ import annotations
 
@@ -9,54 +8,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from specbench.references import ARTIFACTS_DIR, BUILD_COMMAND, BUILD_NAME, REFERENCES
 from specbench.zoo.build_record import read_record
-
-ARTIFACTS_DIR = Path(__file__).resolve().parent / "artifacts"
-# a directory holding finished builds (e.g. a build's OUT_DIR), used instead of the package's own
-ZOO_DIR_ENV = "SPECBENCH_ZOO_DIR"
-BUILD_NAME = "gsm8k-tiny"
-BUILD_COMMAND = "specbench zoo build OUT_DIR --install"
-
-# short name -> path inside the build directory
-REFERENCES: dict[str, str] = {
-    "specbench-ref/gsm8k-tiny": "target",
-    "specbench-ref/gsm8k-tiny-medusa": "medusa",
-    "specbench-ref/gsm8k-tiny-draft": "draft",
-    "gsm8k-tiny-63": "trees/gsm8k-tiny-63.json",
-    "gsm8k-tiny-15": "trees/gsm8k-tiny-15.json",
-}
-
-
-class ZooArtifactMissing(FileNotFoundError):
-    """A zoo name whose files are not there: the zoo was never built or installed here."""
-
-
-def zoo_root() -> Path:
-    """Where builds are looked up: ``$SPECBENCH_ZOO_DIR`` when set, else the package's artifacts."""
-    override = os.environ.get(ZOO_DIR_ENV)
-    return Path(override).expanduser() if override else ARTIFACTS_DIR
-
-
-def zoo_names() -> list[str]:
-    return list(REFERENCES)
-
-
-def resolve_zoo_ref(name: str) -> Path | None:
-    """The path a zoo name stands for; None when ``name`` is not a zoo name (so callers go on to
-    local directories and hub ids). Raises ZooArtifactMissing when it is one but is not installed."""
-    if name not in REFERENCES:
-        return None
-    root = zoo_root()
-    path = root / BUILD_NAME / REFERENCES[name]
-    if not path.exists():
-        where = f"${ZOO_DIR_ENV}={root}" if os.environ.get(ZOO_DIR_ENV) else "the package's zoo directory"
-        raise ZooArtifactMissing(
-            f"{name!r} is a specbench reference model, but {path} does not exist ({where}): the zoo has not "
-            f"been built and installed here. Create it with `{BUILD_COMMAND}` (on a GPU: "
-            f"`bash bench/zoo_build.sh OUT_DIR`, then `specbench zoo install OUT_DIR`), or set {ZOO_DIR_ENV} "
-            "to the OUT_DIR of a finished build."
-        )
-    return path
 
 
 def make_readable(root: Path) -> None:

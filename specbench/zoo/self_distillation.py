@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import torch
 from transformers import PreTrainedModel
 
-from specbench.proposers.medusa_training import IGNORE_INDEX, collect_self_distillation
+from specbench.medusa.training import IGNORE_INDEX, collect_self_distillation
 
 
 def collect_continuations(

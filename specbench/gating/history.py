@@ -30,10 +30,11 @@ import warnings
 from datetime import datetime, timezone
 from pathlib import Path
 
-from specbench.baselines import QUALITY_REQUEST_FIELDS, SPEED_REQUEST_FIELDS
+from specbench.gating.baselines import QUALITY_REQUEST_FIELDS, SPEED_REQUEST_FIELDS
 from specbench.strict_json import json_safe
-from specbench.gate_intervals import per_token_latency
-from specbench.gates import QUALITY_METRICS, SPEED_METRICS
+from specbench.gating.intervals import per_token_latency
+from specbench.gating.gates import QUALITY_METRICS, SPEED_METRICS
+from specbench.jsonl import describe_json_error
 from specbench.metrics import METRIC_NAMES
 
 HISTORY_SCHEMA = 1
@@ -178,7 +179,7 @@ def read_records(history_dir) -> list[tuple[dict, str]]:
                                   "newline): its writer was probably killed mid-write", TruncatedRecordWarning,
                                   stacklevel=2)
                     continue
-                raise HistoryError(f"{path}:{number}: not a JSON record ({err.msg} at column {err.colno}); "
+                raise HistoryError(f"{path}:{number}: not a JSON record, {describe_json_error(err)}; "
                                    "delete that line or move the file out of the history directory") from None
             missing = [k for k in REQUIRED_KEYS if not isinstance(record, dict) or k not in record]
             if missing:

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 from tqdm.auto import tqdm
 
-from specbench.proposers.medusa_heads import MedusaHeads
+from specbench.medusa.heads import MedusaHeads
 
 IGNORE_INDEX = -100
 

@@ -39,7 +39,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field
 
-from specbench.gate_intervals import DEFAULT_CONFIDENCE, DEFAULT_NUM_RESAMPLES, bootstrap_interval
+from specbench.gating.intervals import DEFAULT_CONFIDENCE, DEFAULT_NUM_RESAMPLES, bootstrap_interval
 
 HIGHER_IS_BETTER = "higher_is_better"
 LOWER_IS_BETTER = "lower_is_better"
@@ -271,7 +271,7 @@ def compare_entry(result: dict, entry: dict | None, *, tolerances: dict | None =
                   confidence: float = DEFAULT_CONFIDENCE, num_resamples: int = DEFAULT_NUM_RESAMPLES,
                   seed: int = 0, baseline_path: str | None = None,
                   quality_from: tuple[str, dict | None] | None = None) -> GateReport:
-    """Gate ``result`` against one stored case entry (``None``: no baseline); see specbench.baselines.compare.
+    """Gate ``result`` against one stored case entry (``None``: no baseline); see specbench.gating.baselines.compare.
 
     Tolerances: defaults, then the entry's ``tolerances``, the case's ``tolerances``, the argument.
     ``quality_from``: (case id, entry) whose quality section replaces the entry's (the case's quality_baseline).

@@ -1,4 +1,4 @@
-"""Medusa heads as an nn.Module: per head, L residual blocks then a vocab projection (FIELD_NOTES §2).
+"""Medusa heads as an nn.Module: per head, L residual blocks then a vocab projection (docs/checkpoints.md).
 
 Head i reads the target's final hidden state at position t and predicts token t + i + 2 (the
 target's own lm_head predicts t + 1). "Version 2" heads have no vocab projection of their own and
@@ -7,19 +7,10 @@ reuse the target's lm_head.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 from torch import nn
 
-
-@dataclass(frozen=True)
-class MedusaHeadsConfig:
-    num_heads: int
-    num_layers: int  # residual blocks per head
-    hidden_size: int
-    vocab_size: int
-    has_vocab_projection: bool = True  # False: "version 2", heads reuse the target's lm_head
+from specbench.checkpoints.medusa_config import MedusaHeadsConfig
 
 
 class ResBlock(nn.Module):

@@ -1,5 +1,5 @@
 """Regenerating stored baselines: store a run as its case's baseline, atomically, under a directory lock,
-with provenance and a printable old -> new diff per metric (the file format is in specbench.baselines)."""
+with provenance and a printable old -> new diff per metric (the file format is in specbench.gating.baselines)."""
 
 from __future__ import annotations
 
@@ -11,12 +11,12 @@ from pathlib import Path
 
 from specbench import strict_json
 from specbench.atomic_write import write_text_atomic
-from specbench.baselines import (
+from specbench.gating.baselines import (
     FLOAT_SIGNIFICANT_DIGITS, QUALITY_REQUEST_FIELDS, SCHEMA_VERSION, SPEED_REQUEST_FIELDS, BaselineError,
     BaselineRefused, as_result_dict, as_store, case_changes, format_baseline_file, result_case_id, split_case_id,
 )
-from specbench.gate_intervals import per_token_latency
-from specbench.gates import QUALITY_METRICS, SPEED_METRICS, check_correctness, resolve_tolerances
+from specbench.gating.intervals import per_token_latency
+from specbench.gating.gates import QUALITY_METRICS, SPEED_METRICS, check_correctness, resolve_tolerances
 
 
 @dataclass

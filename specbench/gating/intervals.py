@@ -3,7 +3,7 @@
 Every gated metric is a ratio estimator ``offset + sum(num) / sum(den)`` over requests (see
 ``_estimator``). Whole requests are resampled (tokens within one are not independent), paired by
 ``prompt_id`` when both runs used the same prompts; the interval is of measured - baseline, shifted
-by the baseline value. specbench.gates explains how the interval enters a verdict.
+by the baseline value. specbench.gating.gates explains how the interval enters a verdict.
 """
 
 from __future__ import annotations
