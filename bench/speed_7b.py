@@ -30,7 +30,7 @@ from specbench.engine.hf_target import HFTarget  # noqa: E402
 from specbench.env import environment_fingerprint  # noqa: E402
 from specbench.proposers.scripted import ScriptedProposer  # noqa: E402
 
-# Medusa-1 on Vicuna-7B: published per-head top-1 accuracy (FIELD_NOTES §2), used as a synthetic
+# Medusa-1 on Vicuna-7B: published per-head top-1 accuracy (docs/checkpoints.md), used as a synthetic
 # per-position acceptance profile (position i accepted with this probability, given i-1 was)
 MEDUSA_PROFILE = (0.56, 0.32, 0.20, 0.15, 0.12)
 

@@ -1,4 +1,4 @@
-"""Speculative-decoding counters and the metrics derived from them (FIELD_NOTES §1).
+"""Speculative-decoding counters and the metrics derived from them (docs/metrics.md).
 
 Definitions, kept identical for chains and trees:
 - a *draft* is one verification step that carried at least one draft token;
@@ -121,7 +121,7 @@ class RequestTiming:
 
 
 def aggregate(counters: list[SpecCounters], timings: list[RequestTiming]) -> dict:
-    """Run-level metrics: pooled counters, and per-request means for speed (FIELD_NOTES §1)."""
+    """Run-level metrics: pooled counters, and per-request means for speed (docs/metrics.md)."""
     total = SpecCounters()
     for c in counters:
         total = total.merge(c)

@@ -107,7 +107,7 @@ def test_plain_decoding_counts_no_drafts(tiny_target):
     result = Decoder(tiny_target, None, GenerationConfig(max_new_tokens=10)).generate(random_prompt(5, 1))
     assert len(result.output_token_ids) == 10
     assert result.counters.num_drafts == 0
-    assert result.counters.mean_acceptance_length == 1.0  # plain decoding scores 1.00 (FIELD_NOTES §1)
+    assert result.counters.mean_acceptance_length == 1.0  # plain decoding scores 1.00 (docs/metrics.md)
     assert result.counters.num_target_forwards == 9  # the prefill gives the first token
 
 

@@ -144,7 +144,7 @@ def test_trained_heads_accept_far_above_random_and_need_their_biases(tiny_model,
         for block in blocks:
             block.linear.bias.data.zero_()
     dropped = _acceptance_rate(tiny_model, no_bias, evaluation)
-    # vLLM dropped these biases when loading old checkpoints (FIELD_NOTES §2); here that must show.
+    # vLLM dropped these biases when loading old checkpoints (docs/checkpoints.md); here that must show.
     # ~8 prompts x ~7 drafts x 3 tokens = ~170 draft tokens: 0.1 is ~17 tokens, far above tie flips
     assert dropped <= trained - 0.1
     assert bool((head_topk_accuracy(no_bias, *data, k=1) < head_topk_accuracy(heads, *data, k=1)).all())

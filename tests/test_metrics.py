@@ -1,4 +1,4 @@
-"""Counters and derived metrics follow FIELD_NOTES §1 exactly."""
+"""Counters and derived metrics follow docs/metrics.md exactly."""
 
 from __future__ import annotations
 

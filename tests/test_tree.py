@@ -143,8 +143,8 @@ def _published_trees_file() -> Path:
 def test_published_mc_sim_7b_63_tree():
     _published_trees_file()
     tree = load_tree("mc_sim_7b_63")
-    assert tree.num_nodes == 63  # FIELD_NOTES §2: published trees have 63 nodes
-    # 207 (FIELD_NOTES §2) counts the root's row (1) plus depth + 1 per node
+    assert tree.num_nodes == 63  # docs/tree_buffers.md: published trees have 63 nodes
+    # 207 (docs/tree_buffers.md) counts the root's row (1) plus depth + 1 per node
     assert int(tree.tree_mask.sum()) == 207
     assert tree.retrieve_indices.shape == (42, 5)  # 42 leaves, depth 4 + the root
     _check_buffers(tree)

@@ -1,7 +1,7 @@
 """The decode loop, batch size 1: plain and speculative decoding through one code path.
 
 Plain decoding is the same loop with an empty draft, so both share the cache, the forward and
-the timing, and a speedup compares like with like (FIELD_NOTES §1). Each step verifies
+the timing, and a speedup compares like with like (docs/metrics.md). Each step verifies
 ``[root] + draft`` in one target forward, commits the accepted path and emits the accepted
 tokens plus the target's own next token. Draft length is never shortened to fit
 ``max_new_tokens``; the output is truncated instead, and counters count what was verified.

@@ -1,7 +1,7 @@
 """Medusa tree buffers: a static tree of top-k ranks turned into the tensors one tree step needs.
 
 A tree is a list of paths of top-k ranks under an implicit root (the target's own next token):
-``[0, 1]`` is head 0's best candidate followed by head 1's second best (FIELD_NOTES §2).
+``[0, 1]`` is head 0's best candidate followed by head 1's second best (docs/tree_buffers.md).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Verification rules: which draft nodes the target accepts and which token it adds.
 
 All rules take the verify-input logits ``(N + 1, V)`` (row 0 = the root) and return a
-:class:`Verdict`. Greedy and rejection sampling are lossless (FIELD_NOTES §3); typical
+:class:`Verdict`. Greedy and rejection sampling are lossless (docs/verification.md); typical
 acceptance is Medusa's lossy sampling mode.
 """
 

@@ -1,5 +1,5 @@
 """Medusa-1 head training by self-distillation: a frozen target's own greedy continuations and
-final hidden states are the data; head i at position t learns token t + i + 2 (FIELD_NOTES §2).
+final hidden states are the data; head i at position t learns token t + i + 2 (docs/checkpoints.md).
 
 Data layout (one row per prompt, ``T = max_new_tokens + 1``): ``hidden[b, j]`` is the target's
 post-norm hidden state at the last prompt position plus j, ``tokens[b, j]`` the token there

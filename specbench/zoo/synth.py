@@ -32,7 +32,7 @@ VICUNA_7B_SHAPE = dict(
     vocab_size=32000, hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
     num_attention_heads=32, num_key_value_heads=32, max_position_embeddings=2048, rms_norm_eps=1e-6,
 )
-# FasterDecoding/medusa-vicuna-7b-v1.3's config.json, head count wrong as published (FIELD_NOTES §2)
+# FasterDecoding/medusa-vicuna-7b-v1.3's config.json, head count wrong as published (docs/checkpoints.md)
 UPSTREAM_MEDUSA_CONFIG = {"medusa_num_heads": 2, "medusa_num_layers": 1, "transformers_version": "4.31.0"}
 # 32 random layers add residual noise of rms ~15 (each adds ~2.5, normalised inputs); 100 dominates it
 DECISIVE_EMBED_STD = 100.0
