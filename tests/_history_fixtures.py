@@ -4,10 +4,10 @@
 metric with run-to-run noise (quality 1%, speed 2% relative sd: a same-run speedup and a quiet machine).
 Speed is drawn independently of acceptance, so each injected change shows only where it is put:
 
-- ACCEPTANCE_CASE: acceptance rate x0.8 from commit 12 on, on both hardware classes (MAL = 1 + K x rate
-  follows: 2.8 -> 2.44, -12.9%).
-- SPEED_CASE: tokens/s x0.7 from commit 16 on, on the GPU class only (speedup x0.7, s/token x1.43 follow;
-  plain decoding and time to first token unchanged).
+- ACCEPTANCE_CASE: acceptance rate x0.8 (ACCEPTANCE_FACTOR) from commit 12 on, on both hardware classes
+  (MAL = 1 + K x rate follows: 2.8 -> 2.44, -12.9%).
+- SPEED_CASE: tokens/s x0.7 (SPEED_FACTOR) from commit 16 on, on the GPU class only (speedup x0.7, s/token
+  x1.43 follow; plain decoding and time to first token unchanged).
 - STEADY_CASE, nothing to flag: one bad run (tokens/s x0.5, TTFT x2 at commit 9 on cpu), acceptance x1.1 from
   commit 14 (an improvement), and a machine 8% slower from commit 8 on cpu (spec and plain alike: tokens/s
   within its 15% tolerance, speedup unchanged).
@@ -31,6 +31,8 @@ CASES = (ACCEPTANCE_CASE, SPEED_CASE, STEADY_CASE)
 NUM_COMMITS = 24
 RERUN_COMMITS = (5, 18)
 ACCEPTANCE_DROP_AT, SPEED_DROP_AT = 12, 16
+ACCEPTANCE_FACTOR, SPEED_FACTOR = 0.8, 0.7  # the injected regressions
+GPU_DRIVER = "570.86.15"
 K = 3  # draft tokens per step
 POSITION_WEIGHTS = (1.3, 1.0, 0.7)  # per-position rate = acceptance rate x weight; the weights average 1
 START = datetime(2026, 11, 1, tzinfo=timezone.utc)
@@ -81,7 +83,7 @@ def synthetic_result(case_id: str, hardware_class: str, commit_id: str, created_
         "env": {"hardware_class": hardware_class, "git_commit": commit_id, "git_dirty": False, "torch": "2.13.0",
                 "transformers": "5.24.0", "python": "3.11.2", "dtype": "float32",
                 "gpu_name": None if hardware_class == "cpu" else hardware_class,
-                "driver_version": None if hardware_class == "cpu" else "570.86.15",
+                "driver_version": None if hardware_class == "cpu" else GPU_DRIVER,
                 "cuda_version": None if hardware_class == "cpu" else "12.8"},
         "details": {}, "created_at": created_at.strftime("%Y-%m-%dT%H:%M:%SZ"),
     }
@@ -99,9 +101,9 @@ def history_results(seed: int = 0) -> list[dict]:
                     acceptance, spec, plain = LEVELS[case_id][hw]
                     ttft = TTFT_S[hw]
                     if case_id == ACCEPTANCE_CASE and i >= ACCEPTANCE_DROP_AT:
-                        acceptance *= 0.8
+                        acceptance *= ACCEPTANCE_FACTOR
                     if case_id == SPEED_CASE and hw == GPU and i >= SPEED_DROP_AT:
-                        spec *= 0.7
+                        spec *= SPEED_FACTOR
                     if case_id == STEADY_CASE:
                         if i >= 14:
                             acceptance *= 1.1

@@ -1,19 +1,32 @@
-"""The compact Markdown summary for CI job pages (``specbench report --format markdown >> $GITHUB_STEP_SUMMARY``):
-flagged regressions first, then the latest run of each case against its baseline.
+"""The compact Markdown summary for CI job pages: flagged regressions, then the latest runs vs baseline.
+
+``specbench report --format markdown >> $GITHUB_STEP_SUMMARY``. Job pages render the HTML inside Markdown,
+so in text cells whatever would start a tag (``<`` before a letter, ``/``, ``!`` or ``?``) or an entity
+(``&name;``) is escaped, and a case named ``<b>`` shows as written (``a < b`` stays readable); code spans are
+literal in Markdown and only get their ``|`` escaped.
 """
 
 from __future__ import annotations
 
 import math
+import re
 
 from specbench.report.changes import WINDOW, Regression
-from specbench.report.status import METRIC_LABELS, STATUS_METRICS, StatusRow
+from specbench.report.status import METRIC_LABELS, STATUS_METRICS, StatusRow, plural
 
 FAILING = ("regression", "fail", "error", "recorded_fail")
+_MARKUP_START = re.compile(r"<(?=[A-Za-z/!?])|&(?=#?\w+;)")  # CommonMark's raw HTML and entity openings
 
 
 def _cell(text) -> str:
-    return str(text).replace("|", "\\|").replace("\n", " ")
+    """A table cell or list item of plain text."""
+    text = _MARKUP_START.sub(lambda m: "&lt;" if m.group() == "<" else "&amp;", str(text))
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def _code(text) -> str:
+    """A code span (literal in Markdown: no entities, but a table still splits it at ``|``)."""
+    return "`" + str(text).replace("`", "'").replace("|", "\\|").replace("\n", " ") + "`"
 
 
 def _num(value, digits: int = 3) -> str:
@@ -30,12 +43,14 @@ def _metric_cell(m, digits: int) -> str:
 def render_markdown(history, regressions: list[Regression], status: list[StatusRow]) -> str:
     classes = sorted(history["hardware_class"].unique()) if not history.empty else []
     failing = [row for row in status if row.status in FAILING]
+    latest = "latest run failing its gate" if len(status) == 1 else "latest runs failing their gates"
     lines = [
         "## specbench report",
         "",
-        f"{len(history)} runs of {history['case_id'].nunique()} cases on {len(classes)} hardware "
-        f"classes ({', '.join(classes) or 'none'}): **{len(regressions)} step regressions** over the history, "
-        f"**{len(failing)} of {len(status)}** latest runs failing their gates.",
+        f"{plural(len(history), 'run')} of {plural(history['case_id'].nunique(), 'case')} on "
+        f"{plural(len(classes), 'hardware class', 'hardware classes')} ({_cell(', '.join(classes)) or 'none'}): "
+        f"**{plural(len(regressions), 'step regression')}** over the history, "
+        f"**{len(failing)} of {len(status)}** {latest}.",
         "",
         "### Regressions flagged over the history",
         "",
@@ -43,7 +58,7 @@ def render_markdown(history, regressions: list[Regression], status: list[StatusR
     if regressions:
         lines += ["| case | metric | hardware class | commit | before | after | change | tolerance |",
                   "|---|---|---|---|---:|---:|---:|---:|"]
-        lines += [f"| {_cell(r.case_id)} | {r.metric} | {_cell(r.hardware_class)} | `{_cell(r.commit)}` | "
+        lines += [f"| {_cell(r.case_id)} | {_cell(r.metric)} | {_cell(r.hardware_class)} | {_code(r.commit)} | "
                   f"{r.before:.4g} | {r.after:.4g} | {r.relative_change * 100:+.1f}% | {r.tolerance * 100:g}% |"
                   for r in regressions]
     else:
@@ -51,13 +66,13 @@ def render_markdown(history, regressions: list[Regression], status: list[StatusR
     lines += ["", f"<sub>Step-change rule: median of up to {WINDOW} runs from a commit on vs the runs before, worse "
               "than the gate tolerance and than 3σ of run-to-run noise (specbench.report.changes).</sub>", "",
               "### Latest run per case vs baseline", "",
-              "| case | hardware class | commit | " + " | ".join(METRIC_LABELS[m] for m in STATUS_METRICS)
+              "| case | hardware class | commit | " + " | ".join(_cell(METRIC_LABELS[m]) for m in STATUS_METRICS)
               + " | gate |",
               "|---|---|---|" + "---:|" * len(STATUS_METRICS) + "---|"]
     for row in status:
         cells = [_metric_cell(row.metrics[m], 1 if m == "tokens_per_s" else 3) for m in STATUS_METRICS]
         gate = row.status.replace("_", " ")
-        commit = f"`{_cell(row.commit[:10])}`" if row.commit else "–"
+        commit = _code(row.commit[:10]) if row.commit else "–"
         lines.append(f"| {_cell(row.case_id)} | {_cell(row.hardware_class)} | {commit} | "
                      + " | ".join(cells) + f" | {'**' + gate + '**' if row.status in FAILING else gate} |")
     failures = [f"- {_cell(row.hardware_class)}: {_cell(f)}" for row in status for f in row.failures]

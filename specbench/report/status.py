@@ -1,5 +1,7 @@
-"""The status table: the latest run of each case on each hardware class, gated again against today's stored
-baselines (metric, baseline, relative delta, gate status), shared by the HTML, Markdown and JSON reports.
+"""The status table: the latest run of each case on each hardware class, gated again against the baselines.
+
+Each row holds metric, baseline, relative delta and gate status; the rows (and :func:`plural`, the counted
+nouns of the summaries) are shared by the HTML, Markdown and JSON reports.
 """
 
 from __future__ import annotations
@@ -58,6 +60,11 @@ class StatusRow:
                 "per_position_acceptance_rate": [_finite(v) for v in self.per_position],
                 "per_position_baseline": None if self.per_position_baseline is None
                 else [_finite(v) for v in self.per_position_baseline]}
+
+
+def plural(count: int, singular: str, plural_form: str | None = None) -> str:
+    """``count`` and the noun in the right number: "1 hardware class", "2 hardware classes", "0 runs"."""
+    return f"{count} {singular if count == 1 else plural_form or singular + 's'}"
 
 
 def _finite(value):

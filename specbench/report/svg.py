@@ -1,5 +1,10 @@
-"""Line charts as inline SVG text, generated in Python: the dashboard needs no JavaScript, no plotting
-library and no network, and opens from file:// the same everywhere.
+"""Line charts as inline SVG markup for the HTML dashboard, generated in Python with every text escaped.
+
+The dashboard needs no JavaScript, no plotting library and no network, and opens from file:// the same
+everywhere. Every string placed in the SVG (titles, labels, legend names, tooltips, attributes) goes through
+``escape``, so :func:`line_chart` can return ``markupsafe.Markup`` that the autoescaping templates insert as
+is. The ``<svg>`` carries no ``xmlns``: the HTML parser puts inline SVG in its namespace, and the page holds
+no URL at all.
 """
 
 from __future__ import annotations
@@ -7,6 +12,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from html import escape
+
+from markupsafe import Markup
 
 PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#7f7f7f")
 REGRESSION_COLOR = "#d62728"
@@ -50,22 +57,23 @@ def _fmt_tick(value: float) -> str:
 
 def line_chart(title: str, lines: list[Line], *, x_labels: list[str] | None = None, y_label: str = "",
                markers: list[tuple[float, str]] = (), width: int = 430, height: int = 240,
-               css_class: str = "chart") -> str:
-    """An SVG chart; ``x_labels[i]`` labels x = i (thinned to MAX_X_LABELS), ``markers`` are (x, label)
-    vertical red lines (flagged regressions)."""
+               css_class: str = "chart") -> Markup:
+    """An SVG chart, as Markup (every text in it escaped); ``x_labels[i]`` labels x = i (thinned to
+    MAX_X_LABELS), ``markers`` are (x, label) vertical red lines (flagged regressions)."""
+    width, height = int(width), int(height)
     left, right, top, bottom = 58, 12, 44, 62
     plot_w, plot_h = width - left - right, height - top - bottom
     xs = [p[0] for ln in lines for p in ln.points] + [p[0] for ln in lines for p in ln.path] + [m[0] for m in markers]
     ys = [p[1] for ln in lines for p in ln.points] + [p[1] for ln in lines for p in ln.path]
     ys = [y for y in ys if math.isfinite(y)]
-    out = [f'<svg class="{css_class}" xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+    out = [f'<svg class="{escape(css_class)}" width="{width}" height="{height}" '
            f'viewBox="0 0 {width} {height}" role="img" aria-label="{escape(title)}">',
            f'<title>{escape(title)}</title>',
            f'<rect x="0" y="0" width="{width}" height="{height}" fill="#ffffff"/>',
            f'<text x="8" y="18" font-size="13" font-weight="bold">{escape(title)}</text>']
     if not ys:
         out.append(f'<text x="{width / 2}" y="{height / 2}" text-anchor="middle" fill="#777">no data</text></svg>')
-        return "\n".join(out)
+        return Markup("\n".join(out))
     x_low, x_high = (min(xs), max(xs)) if xs else (0.0, 1.0)
     if x_high == x_low:
         x_low, x_high = x_low - 0.5, x_high + 0.5
@@ -100,17 +108,17 @@ def line_chart(title: str, lines: list[Line], *, x_labels: list[str] | None = No
         if len(ln.path) > 1:
             d = " ".join(f"{'M' if i == 0 else 'L'}{sx(x):.1f},{sy(y):.1f}" for i, (x, y) in enumerate(ln.path)
                          if math.isfinite(y))
-            out.append(f'<path d="{d}" fill="none" stroke="{ln.color}" stroke-width="1.8"{dash}/>')
+            out.append(f'<path d="{d}" fill="none" stroke="{escape(ln.color)}" stroke-width="1.8"{dash}/>')
         for x, y, tip in ln.points:
             if math.isfinite(y):
-                out.append(f'<circle cx="{sx(x):.1f}" cy="{sy(y):.1f}" r="2.6" fill="{ln.color}">'
+                out.append(f'<circle cx="{sx(x):.1f}" cy="{sy(y):.1f}" r="2.6" fill="{escape(ln.color)}">'
                            f'<title>{escape(tip)}</title></circle>')
     # the legend sits in the title row, right-aligned, so it never hides data
     x = width - right
     for ln in reversed(lines):
         x -= 24 + 6 * len(ln.name)
         dash = ' stroke-dasharray="5 4"' if ln.dashed else ""
-        out.append(f'<line x1="{x}" x2="{x + 16}" y1="30" y2="30" stroke="{ln.color}" stroke-width="2"{dash}/>'
+        out.append(f'<line x1="{x}" x2="{x + 16}" y1="30" y2="30" stroke="{escape(ln.color)}" stroke-width="2"{dash}/>'
                    f'<text x="{x + 19}" y="34" font-size="10">{escape(ln.name)}</text>')
     out.append("</svg>")
-    return "\n".join(out)
+    return Markup("\n".join(out))
