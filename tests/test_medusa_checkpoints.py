@@ -53,7 +53,7 @@ def assert_heads_equal(expected: MedusaHeads, actual: MedusaHeads) -> None:
 
 
 def old_layout_keys(num_heads: int, num_layers: int) -> set[str]:
-    """The keys of a published FasterDecoding medusa_lm_head file (FIELD_NOTES §2)."""
+    """The keys of a published FasterDecoding medusa_lm_head file (docs/checkpoints.md)."""
     keys = set()
     for h in range(num_heads):
         for l in range(num_layers):
@@ -268,7 +268,12 @@ def test_truncated_file_names_the_file(tmp_path, weights_format):
     out = save_medusa_heads(random_heads(1), tmp_path / "old", layout="fasterdecoding", base_model_name_or_path="org/base", weights_format=weights_format)
     path = out / f"medusa_lm_head.{weights_format}"
     path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
-    with pytest.raises(CheckpointError, match=rf"{re.escape(str(path))}: truncated or corrupt"):
+    # a torch zip archive cut short cannot tell how much is missing; a safetensors header can
+    expected = (
+        r"it starts as a zip archive .* but its \d+ bytes end without" if weights_format == "pt"
+        else r"header says \d+ bytes of data but the file holds \d+"
+    )
+    with pytest.raises(CheckpointError, match=rf"{re.escape(str(path))}: truncated: {expected}.*; re-download it"):
         load_medusa_heads(out, hidden_size=HIDDEN, vocab_size=VOCAB)
 
 
@@ -276,8 +281,9 @@ def test_non_tensor_pickle_is_refused_naming_the_file(old_dir):
     (old_dir / "medusa_lm_head.safetensors").unlink()
     path = old_dir / "medusa_lm_head.pt"
     torch.save({"0.0.linear.weight": _NotATensor()}, path)
-    with pytest.raises(CheckpointError, match=rf"(?s){re.escape(str(path))}: holds objects other than tensors.*weights_only.*_NotATensor"):
+    with pytest.raises(CheckpointError, match=rf"{re.escape(str(path))}: holds objects beyond tensors \(it references [\w.]*_NotATensor\)") as info:
         load_medusa_heads(old_dir, hidden_size=HIDDEN, vocab_size=VOCAB)
+    assert "torch.load(weights_only=True)" in str(info.value) and "weights_only=False" not in str(info.value)
 
 
 def test_plain_python_value_instead_of_tensor_names_the_key(tmp_path):

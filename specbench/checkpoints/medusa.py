@@ -38,6 +38,7 @@ from specbench.checkpoints.medusa_layouts import (
 )
 from specbench.checkpoints.resolve import resolve_model_dir
 from specbench.checkpoints.tensor_files import open_tensor_file
+from specbench.checkpoints.validate import check_finite
 
 # looked for in this order: a heads-only file before a whole model, safetensors before a pickle
 WEIGHTS_FILES = (
@@ -197,6 +198,11 @@ def read_medusa_checkpoint(
         vocab_tensor = tensors.get(vocab_key)
         vocab_size = vocab_tensor.shape[0] if isinstance(vocab_tensor, torch.Tensor) and vocab_tensor.dim() else 0
     check_tensors(weights_file, tensors, expected, hidden_size, vocab_size, f"hidden_size={hidden_size}, vocab_size={vocab_size} ({basis})")
+    # NaN/inf heads would load and draft garbage silently (reads every head weight once)
+    check_finite(
+        ((key, tensors[key]) for key in sorted(expected)), str(weights_file), "key",
+        "the heads are corrupt or diverged in training: re-download them, or re-train and re-export them",
+    )
 
     if config_file is not None:
         notes += _config_disagreements(layout, raw, config_file, weights_file, structure, hidden_size, vocab_size)

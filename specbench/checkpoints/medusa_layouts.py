@@ -1,4 +1,4 @@
-"""Key names of the published Medusa checkpoint layouts (FIELD_NOTES §2), how head and layer counts
+"""Key names of the published Medusa checkpoint layouts (docs/checkpoints.md), how head and layer counts
 are read off them, and their translation to MedusaHeads' own parameter names.
 """
 

@@ -7,11 +7,14 @@ A local directory wins; a hub id is looked up in the HF cache first and download
 from __future__ import annotations
 
 import os
+import pickle
 import re
 from pathlib import Path
 
 import torch
 
+from specbench.checkpoints.tensor_files import CheckpointError
+from specbench.checkpoints.validate import TRANSFORMERS_LOAD_ERRORS, check_finite, check_target_dir, load_error
 from specbench.references import resolve_reference
 
 # the env flags huggingface_hub itself accepts as "on"
@@ -128,10 +131,35 @@ def resolve_model_dir(ref: str | os.PathLike, *, allow_download: bool | None = N
 def load_target_model(ref: str | os.PathLike, *, dtype: torch.dtype, device: str | torch.device, allow_download: bool | None = None):
     """A transformers AutoModelForCausalLM for `ref`, in `dtype` on `device`, in eval mode.
 
-    Never runs code shipped with the checkpoint (trust_remote_code=False).
+    Never runs code shipped with the checkpoint (trust_remote_code=False) and unpickles weights only
+    with weights_only=True. A damaged directory (config.json, a truncated, empty or foreign weights
+    file, a missing shard, weights missing from the files, NaN/inf weights) raises a one-line
+    CheckpointError naming the file or directory.
     """
     from transformers import AutoModelForCausalLM
 
     model_dir = resolve_model_dir(ref, allow_download=allow_download)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, trust_remote_code=False, local_files_only=True)
-    return model.to(device).eval()
+    check_target_dir(model_dir)
+    try:
+        model, info = AutoModelForCausalLM.from_pretrained(
+            model_dir, dtype=dtype, trust_remote_code=False, local_files_only=True, weights_only=True, output_loading_info=True
+        )
+    except CheckpointError:
+        raise
+    except TRANSFORMERS_LOAD_ERRORS as e:
+        # a refused pickle's traceback would show torch's advice to load it with weights_only=False
+        raise load_error(model_dir, e) from (None if isinstance(e, pickle.UnpicklingError) else e)
+    missing = sorted(info.get("missing_keys") or ())
+    if missing:
+        # transformers would initialise these randomly, and every measurement would be meaningless
+        raise CheckpointError(
+            f"{model_dir}: {len(missing)} weight(s) the model needs are not in its weights files, first {missing[0]!r}; "
+            "the checkpoint is incomplete or for another architecture: re-download or re-export it"
+        )
+    model = model.to(device).eval()
+    fix = "the weights are corrupt or the model diverged: re-download or re-export it"
+    if dtype == torch.float16:
+        fix = f"in torch.float16 values beyond 65504 become inf: load it in bfloat16 or float32; if it still fails, {fix}"
+    # after the move: on an accelerator the pass over every weight is cheap
+    check_finite(model.named_parameters(), str(model_dir), "parameter", fix)
+    return model

@@ -11,6 +11,7 @@ import torch
 
 from specbench.checkpoints.medusa import first_heads, read_medusa_checkpoint, write_medusa_checkpoint
 from specbench.checkpoints.medusa_config import MedusaCheckpointError
+from specbench.checkpoints.validate import check_finite
 from specbench.medusa.heads import MedusaHeads
 
 
@@ -36,8 +37,13 @@ def load_medusa_heads(
     with torch.device("meta"):
         heads = MedusaHeads(config)
     heads.load_state_dict(state_dict, strict=True, assign=True)
-    if dtype is not None:
+    if dtype is not None and dtypes != {dtype}:
         heads.to(dtype)
+        # the file's values are finite (read_medusa_checkpoint checks), but a narrower dtype can overflow
+        check_finite(
+            heads.named_parameters(), str(checkpoint.weights_file), "parameter",
+            f"values beyond {dtype}'s range became inf on the cast: load the heads in bfloat16 or float32",
+        )
     return heads.eval().requires_grad_(False)
 
 
