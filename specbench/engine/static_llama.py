@@ -1,0 +1,275 @@
+"""A compact Llama-family decoder (Llama, Mistral, Qwen2) over a preallocated KV cache, gpt-fast style.
+
+Module and parameter names are those of transformers' ``LlamaForCausalLM`` (``model.layers.{i}.self_attn.q_proj``
+...), so a checkpoint's state dict loads as it stands; loading is strict. The numerics follow transformers'
+(RMSNorm in fp32, rotary tables in fp32 cast to the model dtype) so fp32 logits agree to summation order.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
+EAGER_HINT = "run it with `--engine eager` (the transformers target, any causal LM)"
+# buffers older transformers versions saved with Llama weights; recomputed from the config here
+IGNORED_CHECKPOINT_SUFFIXES = ("rotary_emb.inv_freq",)
+
+
+class UnsupportedModel(ValueError):
+    """A checkpoint the static engine cannot run: another architecture or an unsupported option."""
+
+
+def _refuse(config, what: str) -> UnsupportedModel:
+    model_type = getattr(config, "model_type", None)
+    return UnsupportedModel(
+        f"the static engine cannot run model_type {model_type!r}: {what}; it supports "
+        f"{', '.join(SUPPORTED_MODEL_TYPES)} (standard rope or llama3 rope scaling); {EAGER_HINT}"
+    )
+
+
+def _rope_settings(config) -> dict:
+    """The rope parameters in transformers 5's ``rope_parameters`` form, also from 4.x ``rope_theta``/``rope_scaling``."""
+    params = dict(getattr(config, "rope_parameters", None) or {})
+    if "rope_theta" not in params:
+        params.update(getattr(config, "rope_scaling", None) or {})
+        params["rope_theta"] = getattr(config, "rope_theta", 10000.0)
+    params["rope_type"] = params.get("rope_type", params.get("type")) or "default"
+    return params
+
+
+@dataclass(frozen=True)
+class LlamaShape:
+    """Everything the static model needs from a transformers config, validated once."""
+
+    model_type: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    llama3_scaling: tuple[float, float, float, int] | None  # factor, low_freq_factor, high_freq_factor, original max
+    qkv_bias: bool
+    o_bias: bool
+    mlp_bias: bool
+    tie_word_embeddings: bool
+    max_position_embeddings: int
+    sliding_window: int | None  # None: full attention in every layer
+
+    @classmethod
+    def from_config(cls, config) -> "LlamaShape":
+        model_type = getattr(config, "model_type", None)
+        if model_type not in SUPPORTED_MODEL_TYPES:
+            archs = getattr(config, "architectures", None)
+            raise _refuse(config, f"not a Llama-family architecture{f' ({archs[0]})' if archs else ''}")
+        if getattr(config, "hidden_act", "silu") != "silu":
+            raise _refuse(config, f"hidden_act {config.hidden_act!r} (SwiGLU with silu only)")
+        for option in ("final_logit_softcapping", "attn_logit_softcapping"):
+            if getattr(config, option, None):
+                raise _refuse(config, f"{option} is set")
+        rope = _rope_settings(config)
+        if rope["rope_type"] not in ("default", "llama3"):
+            raise _refuse(config, f"rope_type {rope['rope_type']!r}")
+        if rope.get("partial_rotary_factor", 1.0) != 1.0:
+            raise _refuse(config, f"partial_rotary_factor {rope['partial_rotary_factor']}")
+        heads = config.num_attention_heads
+        kv_heads = getattr(config, "num_key_value_heads", None) or heads
+        if heads % kv_heads:
+            raise _refuse(config, f"{heads} attention heads are not a multiple of {kv_heads} key/value heads")
+        scaling = None
+        if rope["rope_type"] == "llama3":
+            original = rope.get("original_max_position_embeddings", config.max_position_embeddings)
+            scaling = (float(rope["factor"]), float(rope["low_freq_factor"]), float(rope["high_freq_factor"]), int(original))
+        window = getattr(config, "sliding_window", None)
+        layer_types = getattr(config, "layer_types", None)
+        if window is not None and layer_types is not None and "sliding_attention" not in layer_types:
+            window = None  # Qwen2 keeps a window size even where no layer uses it
+        attention_bias = bool(getattr(config, "attention_bias", False))
+        return cls(
+            model_type=model_type,
+            vocab_size=config.vocab_size,
+            hidden_size=config.hidden_size,
+            intermediate_size=config.intermediate_size,
+            num_layers=config.num_hidden_layers,
+            num_heads=heads,
+            num_kv_heads=kv_heads,
+            head_dim=getattr(config, "head_dim", None) or config.hidden_size // heads,
+            rms_norm_eps=config.rms_norm_eps,
+            rope_theta=float(rope["rope_theta"]),
+            llama3_scaling=scaling,
+            qkv_bias=model_type == "qwen2" or attention_bias,  # Qwen2 always has q/k/v biases, no o bias
+            o_bias=model_type != "qwen2" and attention_bias,
+            mlp_bias=bool(getattr(config, "mlp_bias", False)),
+            tie_word_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
+            max_position_embeddings=config.max_position_embeddings,
+            sliding_window=window,
+        )
+
+
+def rope_inv_freq(shape: LlamaShape) -> torch.Tensor:
+    """(head_dim / 2,) float32 inverse frequencies, with llama3 scaling when configured (as transformers computes them)."""
+    dim = shape.head_dim
+    inv_freq = 1.0 / (shape.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))  # (D/2,)
+    if shape.llama3_scaling is None:
+        return inv_freq
+    factor, low, high, original = shape.llama3_scaling
+    low_wavelen, high_wavelen = original / low, original / high
+    wavelen = 2 * math.pi / inv_freq  # (D/2,)
+    scaled = torch.where(wavelen > low_wavelen, inv_freq / factor, inv_freq)  # long wavelengths: divided by factor
+    smooth = (original / wavelen - low) / (high - low)  # (D/2,) between the two bands: interpolated
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = ~(wavelen < high_wavelen) * ~(wavelen > low_wavelen)
+    return torch.where(medium, smoothed, scaled)
+
+
+def rotary_tables(inv_freq: torch.Tensor, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin ``(W, D)`` for ``positions`` ``(W,)``, computed in fp32 on the fly (shape-stable, no table to outgrow)."""
+    freqs = positions.float()[:, None] * inv_freq[None, :]  # (W, D/2)
+    emb = torch.cat((freqs, freqs), dim=-1)  # (W, D)
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate ``x`` ``(heads, W, D)`` by the tables ``(W, D)`` (rotate-half convention)."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)  # (heads, W, D)
+    return x * cos + rotated * sin
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, size: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x.float()  # (W, H) normalised in fp32 whatever the model dtype
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * h.to(x.dtype)
+
+
+class Attention(nn.Module):
+    def __init__(self, s: LlamaShape):
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = s.num_heads, s.num_kv_heads, s.head_dim
+        self.q_proj = nn.Linear(s.hidden_size, s.num_heads * s.head_dim, bias=s.qkv_bias)
+        self.k_proj = nn.Linear(s.hidden_size, s.num_kv_heads * s.head_dim, bias=s.qkv_bias)
+        self.v_proj = nn.Linear(s.hidden_size, s.num_kv_heads * s.head_dim, bias=s.qkv_bias)
+        self.o_proj = nn.Linear(s.num_heads * s.head_dim, s.hidden_size, bias=s.o_bias)
+
+    def forward(self, x, cos, sin, kv: torch.Tensor, slots: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """``x`` (W, H); ``kv`` (2, KVH, S, D) this layer's cache; ``slots`` (W,) where the new keys go;
+        ``mask`` (W, K) bool over the first K cache slots (True = attend)."""
+        width = x.shape[0]
+        q = self.q_proj(x).view(width, self.num_heads, self.head_dim).transpose(0, 1)  # (NH, W, D)
+        k = self.k_proj(x).view(width, self.num_kv_heads, self.head_dim).transpose(0, 1)  # (KVH, W, D)
+        v = self.v_proj(x).view(width, self.num_kv_heads, self.head_dim).transpose(0, 1)  # (KVH, W, D)
+        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        kv[0].index_copy_(1, slots, k)  # written before attending: each node sees itself
+        kv[1].index_copy_(1, slots, v)
+        keys_len = mask.shape[-1]
+        keys = kv[0, :, :keys_len][None]  # (1, KVH, K, D)
+        values = kv[1, :, :keys_len][None]  # (1, KVH, K, D)
+        out = F.scaled_dot_product_attention(q[None], keys, values, attn_mask=mask, enable_gqa=True)  # (1, NH, W, D)
+        return self.o_proj(out[0].transpose(0, 1).reshape(width, self.num_heads * self.head_dim))  # (W, H)
+
+
+class MLP(nn.Module):
+    def __init__(self, s: LlamaShape):
+        super().__init__()
+        self.gate_proj = nn.Linear(s.hidden_size, s.intermediate_size, bias=s.mlp_bias)
+        self.up_proj = nn.Linear(s.hidden_size, s.intermediate_size, bias=s.mlp_bias)
+        self.down_proj = nn.Linear(s.intermediate_size, s.hidden_size, bias=s.mlp_bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))  # (W, I) -> (W, H)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, s: LlamaShape):
+        super().__init__()
+        self.self_attn = Attention(s)
+        self.mlp = MLP(s)
+        self.input_layernorm = RMSNorm(s.hidden_size, s.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(s.hidden_size, s.rms_norm_eps)
+
+    def forward(self, x, cos, sin, kv, slots, mask) -> torch.Tensor:
+        h = x + self.self_attn(self.input_layernorm(x), cos, sin, kv, slots, mask)  # (W, H)
+        return h + self.mlp(self.post_attention_layernorm(h))  # (W, H)
+
+
+class LlamaBody(nn.Module):
+    def __init__(self, s: LlamaShape):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(s.vocab_size, s.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(s) for _ in range(s.num_layers))
+        self.norm = RMSNorm(s.hidden_size, s.rms_norm_eps)
+
+
+class StaticLlamaForCausalLM(nn.Module):
+    """The decoder and lm_head; the caller owns the KV cache ``(layers, 2, kv_heads, S, head_dim)``."""
+
+    def __init__(self, shape: LlamaShape):
+        super().__init__()
+        self.shape = shape
+        self.model = LlamaBody(shape)
+        self.lm_head = nn.Linear(shape.hidden_size, shape.vocab_size, bias=False)
+        if shape.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+        self.register_buffer("inv_freq", rope_inv_freq(shape), persistent=False)  # (D/2,)
+
+    def forward(self, ids, positions, slots, mask, cache: torch.Tensor) -> torch.Tensor:
+        """Final-normed hidden states ``(W, H)`` of ``ids`` ``(W,)`` at ``positions`` ``(W,)``; their K/V
+        go to cache ``slots`` ``(W,)``; ``mask`` ``(W, K)`` bool says which of the first K slots each attends to."""
+        x = self.model.embed_tokens(ids)  # (W, H)
+        cos, sin = rotary_tables(self.inv_freq, positions, x.dtype)  # (W, D) each
+        for layer, kv in zip(self.model.layers, cache):  # kv: (2, KVH, S, D)
+            x = layer(x, cos, sin, kv, slots, mask)
+        return self.model.norm(x)  # (W, H)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden).float()  # (W, V)
+
+    @classmethod
+    def from_state_dict(cls, shape: LlamaShape, state: dict, *, dtype: torch.dtype, device, source: str) -> "StaticLlamaForCausalLM":
+        """Build with ``state``'s tensors (no copy when dtype and device already match); strict about keys and shapes."""
+        with torch.device("meta"):
+            model = cls(shape)
+        expected = {name: p.shape for name, p in model.state_dict().items()}
+        state = {k: v for k, v in state.items() if not k.endswith(IGNORED_CHECKPOINT_SUFFIXES)}
+        optional = {"lm_head.weight"} if shape.tie_word_embeddings else set()
+        missing = sorted(set(expected) - set(state) - optional)
+        unexpected = sorted(set(state) - set(expected))
+        if missing or unexpected:
+            parts = [f"missing keys {_listed(missing)}"] if missing else []
+            parts += [f"unexpected keys {_listed(unexpected)}"] if unexpected else []
+            raise ValueError(
+                f"{source}: the weights do not match a {shape.model_type} model of this config: "
+                + "; ".join(parts) + "; is config.json the checkpoint's own?"
+            )
+        for name, tensor in state.items():
+            if tuple(tensor.shape) != tuple(expected[name]):
+                raise ValueError(f"{source}: {name} has shape {tuple(tensor.shape)}, the config implies {tuple(expected[name])}")
+        if shape.tie_word_embeddings and "lm_head.weight" in state:
+            head, embed = state["lm_head.weight"], state["model.embed_tokens.weight"]
+            if head is not embed and not torch.equal(head, embed):
+                raise ValueError(f"{source}: tie_word_embeddings is set but lm_head.weight differs from model.embed_tokens.weight")
+        tensors = {k: v.to(device=device, dtype=dtype) for k, v in state.items() if k not in optional}
+        model.load_state_dict(tensors, strict=False, assign=True)
+        if shape.tie_word_embeddings:
+            model.lm_head.weight = model.model.embed_tokens.weight  # assign=True replaced the shared parameter
+        model.inv_freq = rope_inv_freq(shape).to(device)
+        return model.eval().requires_grad_(False)
+
+
+def _listed(keys: list[str], limit: int = 8) -> str:
+    shown = ", ".join(keys[:limit])
+    return shown + (f" and {len(keys) - limit} more" if len(keys) > limit else "")

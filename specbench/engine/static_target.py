@@ -1,0 +1,257 @@
+"""A shape-stable :class:`~specbench.engine.target.Target` for the Llama family (``--engine static``).
+
+The KV cache is preallocated and its length kept on the device. Every verify step of one kind (plain:
+1 node, chain: K + 1, tree: nodes + 1) is padded to one fixed width, writes that many cache slots and
+attends over the whole cache through a boolean mask built on the device, so each kind has a single
+shape and can later be captured once as a CUDA graph. Padded nodes land beyond the committed length
+and are never attended to. A chain commits by advancing the length; a tree path by a fixed-size
+in-place gather of the accepted nodes into contiguous slots. ``HFTarget`` stays the reference.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from specbench.engine.static_cache import StaticKVCache
+from specbench.engine.static_llama import EAGER_HINT, SUPPORTED_MODEL_TYPES, LlamaShape, StaticLlamaForCausalLM, UnsupportedModel
+from specbench.engine.target import TargetOutput
+
+# cache slots allocated when nothing reserved more (a 128k-context config would otherwise take GBs)
+DEFAULT_CACHE_SLOTS = 4096
+
+
+@dataclass
+class _StepBuffers:
+    """The static inputs of one step kind; a captured graph would read exactly these."""
+
+    ids: torch.Tensor  # (W,) int64 verify input, padded with token 0
+    depths: torch.Tensor  # (W,) int64 position offsets from the cache end, padded with 0
+    tree: torch.Tensor  # (W, W) bool; padded rows see only themselves, no real row sees a padded one
+    gather: torch.Tensor  # (W,) int64 accepted nodes padded with the identity (tree commits)
+
+    @classmethod
+    def allocate(cls, width: int, device) -> "_StepBuffers":
+        return cls(
+            ids=torch.zeros(width, dtype=torch.long, device=device),
+            depths=torch.zeros(width, dtype=torch.long, device=device),
+            tree=torch.ones(width, width, dtype=torch.bool, device=device).tril_(),  # a chain's mask, never rewritten
+            gather=torch.arange(width, device=device),
+        )
+
+
+class StaticTarget:
+    """Llama / Mistral / Qwen2 on :mod:`specbench.engine.static_llama`, batch size 1, same protocol as HFTarget."""
+
+    def __init__(self, module: StaticLlamaForCausalLM, config, *, max_context: int | None = None, source: str = "model"):
+        shape = module.shape
+        window = shape.sliding_window
+        if window is not None and max_context is not None and max_context > window:
+            raise UnsupportedModel(
+                f"{source}: {shape.model_type} uses sliding-window attention ({window} tokens), which the static "
+                f"engine does not implement; it is exact only while the context fits the window, but max_context "
+                f"is {max_context}. Pass max_context <= {window}, or {EAGER_HINT}"
+            )
+        self.module = module
+        self.config = config
+        self.lm_head = module.lm_head
+        self.vocab_size = shape.vocab_size
+        default = shape.max_position_embeddings if window is None else min(shape.max_position_embeddings, window)
+        self.max_context = int(max_context or default)
+        param = next(module.parameters())
+        self.device, self.dtype = param.device, param.dtype
+        # kind -> Counter(width -> verify calls): one width per kind means one shape per kind
+        self.verify_widths: dict[str, Counter] = {}
+        self._widths: dict[str, int] = {"plain": 1}
+        self._buffers: dict[str, _StepBuffers] = {}
+        self._cache: StaticKVCache | None = None
+        self._pending: tuple[str, int] | None = None  # (kind, nodes) of the verify awaiting commit
+
+    @classmethod
+    def from_hf_model(cls, model, max_context: int | None = None) -> "StaticTarget":
+        """Share the weights of a transformers ``LlamaForCausalLM`` / ``MistralForCausalLM`` / ``Qwen2ForCausalLM``."""
+        shape = LlamaShape.from_config(model.config)
+        param = next(model.parameters())
+        module = StaticLlamaForCausalLM.from_state_dict(
+            shape, model.state_dict(), dtype=param.dtype, device=param.device, source=type(model).__name__
+        )
+        return cls(module, model.config, max_context=max_context, source=type(model).__name__)
+
+    @classmethod
+    def from_pretrained(
+        cls, ref, *, dtype: torch.dtype = torch.float32, device="cpu", max_context: int | None = None
+    ) -> "StaticTarget":
+        """Load a checkpoint directory (or any reference ``resolve_model_dir`` accepts) without transformers' model code."""
+        from transformers import AutoConfig
+
+        from specbench.checkpoints.resolve import resolve_model_dir
+
+        directory = resolve_model_dir(ref)
+        raw = json.loads((directory / "config.json").read_text())
+        if raw.get("model_type") not in SUPPORTED_MODEL_TYPES:  # before transformers, which may not know it either
+            raise UnsupportedModel(
+                f"{directory}: the static engine cannot run model_type {raw.get('model_type')!r}; it supports "
+                f"{', '.join(SUPPORTED_MODEL_TYPES)}; {EAGER_HINT}"
+            )
+        config = AutoConfig.from_pretrained(directory, local_files_only=True, trust_remote_code=False)
+        shape = LlamaShape.from_config(config)
+        module = StaticLlamaForCausalLM.from_state_dict(
+            shape, _read_weights(directory), dtype=dtype, device=torch.device(device), source=str(directory)
+        )
+        return cls(module, config, max_context=max_context, source=str(directory))
+
+    # -- cache ---------------------------------------------------------------------------------------
+
+    @property
+    def cache_length(self) -> int:
+        if self._cache is None:
+            return 0
+        return self._cache.host_length + (self._pending[1] if self._pending else 0)
+
+    @property
+    def cache_capacity(self) -> int:
+        """KV cache slots allocated (0 before the first request); each capacity is one attention shape."""
+        return 0 if self._cache is None else self._cache.capacity
+
+    def reserve(self, num_tokens: int, max_draft_tokens: int = 0) -> None:
+        """Size the hot path for requests of ``num_tokens`` cache entries (prompt + max_new_tokens + draft
+        room) whose steps verify up to ``max_draft_tokens`` draft nodes. The cache grows, never shrinks
+        (each size is a new shape); chain and tree steps take width ``max_draft_tokens + 1`` from now on."""
+        if num_tokens > self.max_context:
+            raise ValueError(
+                f"context length exceeded: {num_tokens} tokens requested > the target's max context {self.max_context}"
+            )
+        if self._cache is None or self._cache.capacity < num_tokens:
+            self._allocate(num_tokens)
+        if max_draft_tokens > 0:  # plain requests (room 0) leave the draft kinds' widths alone
+            self._widths["chain"] = self._widths["tree"] = max_draft_tokens + 1
+
+    def _allocate(self, capacity: int) -> None:
+        s = self.module.shape
+        self._cache = StaticKVCache(s.num_layers, s.num_kv_heads, capacity, s.head_dim, dtype=self.dtype, device=self.device)
+        self._pending = None
+
+    def reset(self) -> None:
+        if self._cache is None:
+            self._allocate(min(self.max_context, DEFAULT_CACHE_SLOTS))
+        self._cache.reset()
+        self._pending = None
+
+    # -- forwards ------------------------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def prefill(self, input_ids: torch.Tensor) -> TargetOutput:
+        self.reset()
+        ids = input_ids.to(self.device).flatten()  # (T,)
+        length = ids.numel()
+        if length == 0:
+            raise ValueError("prefill needs at least one prompt token")
+        if length > self._cache.capacity:
+            raise ValueError(
+                f"context length exceeded: the prompt has {length} tokens > the static KV cache's "
+                f"{self._cache.capacity} slots (max context {self.max_context}); call reserve() or shorten the prompt"
+            )
+        positions = torch.arange(length, device=self.device)  # (T,)
+        causal = torch.ones(length, length, dtype=torch.bool, device=self.device).tril_()  # (T, T) over slots [0, T)
+        hidden = self.module(ids, positions, positions, causal, self._cache.kv)[-1:]  # (1, H): only the last predicts
+        self._cache.advance(length)
+        return TargetOutput(logits=self.module.logits(hidden), hidden_states=hidden)
+
+    @torch.inference_mode()
+    def verify(self, input_ids: torch.Tensor, depths: torch.Tensor, tree_mask: torch.Tensor | None) -> TargetOutput:
+        if self._cache is None or self._cache.host_length == 0:
+            raise ValueError("verify needs a prefilled cache; call prefill(prompt) first")
+        if self._pending is not None:
+            raise ValueError("the previous verify was never committed; call commit() after each verify")
+        n = input_ids.numel()
+        kind = "tree" if tree_mask is not None else ("plain" if n == 1 else "chain")
+        width = self._width_for(kind, n)
+        cached = self._cache.host_length
+        if cached + width > self._cache.capacity:
+            raise ValueError(
+                f"context length exceeded: {cached} cached tokens + a {kind} step of {n} nodes (padded to its "
+                f"fixed width {width}) = {cached + width} > the static KV cache's {self._cache.capacity} slots "
+                f"(max context {self.max_context}); lower max_new_tokens or reserve() more room"
+            )
+        buffers = self._buffers[kind]
+        buffers.ids[n:].zero_()
+        buffers.ids[:n].copy_(input_ids.flatten())
+        buffers.depths[n:].zero_()
+        buffers.depths[:n].copy_(depths.flatten())
+        if kind == "tree":
+            buffers.tree.zero_().diagonal().fill_(True)  # padded rows: themselves only
+            buffers.tree[:n, :n].copy_(tree_mask)
+        logits, hidden = self._step(buffers)  # (W, V), (W, H)
+        self._pending = (kind, n)
+        self.verify_widths.setdefault(kind, Counter())[width] += 1
+        return TargetOutput(logits=logits[:n], hidden_states=hidden[:n])
+
+    def _width_for(self, kind: str, n: int) -> int:
+        """The kind's fixed width: reserved, or set by its first step; a wider step widens it (and
+        ``verify_widths`` shows the second shape)."""
+        width = self._widths.get(kind, 0)
+        if n > width:
+            width = self._widths[kind] = n
+        if kind not in self._buffers or self._buffers[kind].ids.numel() != width:
+            self._buffers[kind] = _StepBuffers.allocate(width, self.device)
+        return width
+
+    def _step(self, buffers: _StepBuffers) -> tuple[torch.Tensor, torch.Tensor]:
+        """One fixed-shape verify forward over the static buffers: the region a CUDA graph would capture."""
+        cache = self._cache
+        width = buffers.ids.numel()
+        positions = cache.length + buffers.depths  # (W,)
+        mask = cache.attention_mask(buffers.tree)  # (W, S)
+        hidden = self.module(buffers.ids, positions, cache.new_slots(width), mask, cache.kv)  # (W, H)
+        return self.module.logits(hidden), hidden  # (W, V), (W, H)
+
+    @torch.inference_mode()
+    def commit(self, accepted_nodes: list[int], num_verified: int) -> None:
+        if self._pending is None:
+            raise ValueError("commit without a verify to commit")
+        kind, n = self._pending
+        if num_verified != n:
+            raise ValueError(f"commit of {num_verified} verified nodes, but the last verify scored {n}")
+        kept = len(accepted_nodes)
+        if not 1 <= kept <= n or accepted_nodes != sorted(set(accepted_nodes)) or accepted_nodes[-1] >= n:
+            raise ValueError(f"accepted_nodes must be ascending distinct indices below {n}, root first; got {accepted_nodes}")
+        if accepted_nodes != list(range(kept)):  # a chain's path is already contiguous: only the length moves
+            buffers = self._buffers[kind]
+            width = buffers.gather.numel()
+            padded = accepted_nodes + list(range(kept, width))  # the identity beyond the path: fixed size W
+            buffers.gather.copy_(torch.tensor(padded, dtype=torch.long))
+            self._cache.gather_new(buffers.gather)
+        self._cache.advance(kept)
+        self._pending = None
+
+    def capture(self) -> bool:
+        """Hook for capturing each kind's fixed-width step as a CUDA graph (a later slice); returns whether
+        anything was captured: nothing yet, and on CPU never (a no-op)."""
+        return False
+
+
+def _read_weights(directory: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of a checkpoint directory: safetensors (single or sharded) or torch pickles (weights_only)."""
+    from specbench.checkpoints.tensor_files import CheckpointError, open_tensor_file, torch_load_state_dict
+
+    for name in ("model.safetensors.index.json", "model.safetensors", "pytorch_model.bin"):
+        if (directory / name).is_file():
+            keys, read = open_tensor_file(directory / name)
+            return read(keys)
+    index = directory / "pytorch_model.bin.index.json"
+    if index.is_file():
+        weight_map = json.loads(index.read_text()).get("weight_map", {})
+        state: dict[str, torch.Tensor] = {}
+        for shard in sorted(set(weight_map.values())):
+            if Path(shard).name != shard:
+                raise CheckpointError(f"{index}: shard {shard!r} is not a file name in {directory}")
+            state.update(torch_load_state_dict(directory / shard))
+        return state
+    raise CheckpointError(
+        f"{directory}: no weights found (model.safetensors, model.safetensors.index.json, pytorch_model.bin "
+        "or pytorch_model.bin.index.json)"
+    )
