@@ -109,12 +109,37 @@ def test_prompts_are_prefixes_of_training_documents(built):
         assert document[: len(prompt)] == prompt, record["question"][:60]
 
 
-def test_prompt_text_is_the_zero_shot_gsm8k_prompt():
-    pytest.importorskip("datasets", reason="specbench.prompts needs the datasets package")
-    from specbench.prompts import format_gsm8k_prompt
+# GSM8K test record 1 (openai/grade-school-math, MIT), written out by hand: its double space
+# after "fiber." and its newlines must survive the formatting unchanged
+ROBE_QUESTION = "A robe takes 2 bolts of blue fiber and half that much white fiber.  How many bolts in total does it take?"
+ROBE_ANSWER = "It takes 2/2=<<2/2=1>>1 bolt of white fiber\nSo the total amount of fabric is 2+1=<<2+1=3>>3 bolts of fabric\n#### 3"
 
-    question = "Natalia sold clips to 48 of her friends in April. How many?"
-    assert prompt_text(question) == format_gsm8k_prompt(question, [])
+
+def test_prompt_text_is_the_zero_shot_gsm8k_prompt():
+    expected_prompt = (
+        "Question: A robe takes 2 bolts of blue fiber and half that much white fiber.  How many bolts in total "
+        "does it take?\nAnswer:"
+    )
+    assert prompt_text(ROBE_QUESTION) == expected_prompt
+    document = document_text({"question": ROBE_QUESTION, "answer": ROBE_ANSWER})
+    # the training document is the prompt, one space, then the worked answer: nothing in between
+    assert document == prompt_text(ROBE_QUESTION) + " " + ROBE_ANSWER
+    assert document == (
+        expected_prompt + " It takes 2/2=<<2/2=1>>1 bolt of white fiber\nSo the total amount of fabric is "
+        "2+1=<<2+1=3>>3 bolts of fabric\n#### 3"
+    )
+    assert document.startswith(prompt_text(ROBE_QUESTION)) and document[len(expected_prompt)] == " "
+
+
+@needs_data
+def test_prompt_text_is_what_the_gsm8k_prompt_set_feeds_zero_shot(monkeypatch):
+    """The zoo trains on the format the suites evaluate with: load_prompts("gsm8k", n_shot=0)
+    gives, for test record 1, exactly the zoo's prompt_text of the same question."""
+    from specbench.prompts import load_prompts
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # the local copy, never a download
+    prompt_set = load_prompts("gsm8k", num_prompts=2, n_shot=0, data_dir=DATA_DIR)
+    assert prompt_set.prompts[1].text == prompt_text(ROBE_QUESTION)
 
 
 @needs_data
