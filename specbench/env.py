@@ -1,5 +1,9 @@
 """The environment fingerprint stored with every run (FIELD_NOTES §7: speedups that do not reproduce
-because GPU, driver, CUDA, library versions, dtype or commit went unrecorded). Reads, never loads."""
+because GPU, driver, CUDA, library versions, dtype or commit went unrecorded). Reads, never loads.
+
+torch is imported inside the functions that ask it about devices, never at module level: the pytest plugin
+imports this module in every pytest process, and most of those never touch a GPU (a cold torch import is
+over a second on a shared CPU box)."""
 
 from __future__ import annotations
 
@@ -10,8 +14,6 @@ import shutil
 import subprocess
 from importlib import metadata
 from pathlib import Path
-
-import torch
 
 import specbench
 
@@ -30,6 +32,8 @@ def environment_fingerprint(device: str | None = None, dtype: str | None = None)
     """Facts that decide whether two runs' speeds are comparable; no hostname, user or path.
     ``device`` ("cpu", "cuda", "cuda:1"; None = the first GPU if any, recorded as resolved) picks
     the GPU described; ``dtype`` is recorded as "bfloat16" whether given as a string or a torch.dtype."""
+    import torch
+
     gpu_index = _gpu_index(device)
     if gpu_index is not None:
         device = f"cuda:{gpu_index}"  # "cuda" alone would not say which GPU was described
@@ -76,6 +80,8 @@ def gpu_inventory() -> list[tuple[str, float]]:
     """(name, total GiB) of each visible CUDA device; empty without CUDA."""
     if not _cuda_available():
         return []
+    import torch
+
     return [(_gpu_name(i) or f"cuda:{i}", gpu_memory_gib(i) or 0.0) for i in range(torch.cuda.device_count())]
 
 
@@ -97,6 +103,8 @@ def hardware_class(gpu_name: str | None) -> str:
 
 
 def _cuda_available() -> bool:
+    import torch
+
     try:
         return torch.cuda.is_available()
     except Exception:  # a broken driver install must not stop the run from being recorded
@@ -104,6 +112,8 @@ def _cuda_available() -> bool:
 
 
 def _gpu_index(device: str | None) -> int | None:
+    import torch
+
     parsed = torch.device(device) if device is not None else None  # a malformed name raises here
     if (parsed is not None and parsed.type != "cuda") or not _cuda_available():
         return None
@@ -113,6 +123,8 @@ def _gpu_index(device: str | None) -> int | None:
 
 
 def _gpu_name(index: int) -> str | None:
+    import torch
+
     try:
         return torch.cuda.get_device_name(index)
     except Exception:
@@ -120,6 +132,8 @@ def _gpu_name(index: int) -> str | None:
 
 
 def _gpu_memory_bytes(index: int) -> int | None:
+    import torch
+
     if not _cuda_available() or not 0 <= index < torch.cuda.device_count():
         return None
     try:
@@ -129,6 +143,8 @@ def _gpu_memory_bytes(index: int) -> int | None:
 
 
 def _cudnn_version() -> int | None:
+    import torch
+
     try:
         return torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
     except Exception:

@@ -10,16 +10,22 @@ Options
     ``--specbench-update-baselines``  store each gated result as its case's baseline (refused when the
                                       run fails its correctness check) instead of gating it
     ``--specbench-results PATH``      append every case result as one JSON line (safe under xdist)
-    ``--specbench-history DIR``       append every result and its gate outcome to a results history
+    ``--specbench-history DIR``       the results history that every result and its gate outcome are appended
+                                      to (default ``$SPECBENCH_HISTORY_DIR`` or .specbench/history at the repo
+                                      root: where ``specbench report`` reads)
+    ``--specbench-no-history``        record nothing in a results history
     ``--specbench-baselines DIR``     baseline directory (default ``$SPECBENCH_BASELINES_DIR`` or ./baselines)
 Fixtures
     ``specbench_run(case)``   run a Case (or "suite/name") through the harness, record, then gate it
     ``specbench_gate(result)`` gate (or store) an already computed result dict
+
+Importing this module imports neither torch nor transformers (pytest loads it in every session through the
+entry point): the fixtures import the harness and the gates when they run, and torch is imported (to list the
+GPUs) only when a collected test carries a GPU marker.
 """
 
 from __future__ import annotations
 
-import fcntl
 import os
 import shlex
 import sys
@@ -28,8 +34,10 @@ from pathlib import Path
 import pytest
 
 from specbench import env
+from specbench.file_lock import locked
 
 RESULTS_KEY = pytest.StashKey[list]()
+HISTORY_USED_KEY = pytest.StashKey[set]()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -39,7 +47,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--specbench-results", metavar="PATH", default=None,
                     help="append every case result to PATH as JSON lines")
     group.addoption("--specbench-history", metavar="DIR", default=None,
-                    help="append every case result and its gate outcome to this results-history directory")
+                    help="append every case result and its gate outcome to this results-history directory "
+                         "(default: $SPECBENCH_HISTORY_DIR or .specbench/history at the repo root)")
+    group.addoption("--specbench-no-history", action="store_true", default=False,
+                    help="do not append case results to any results history")
     group.addoption("--specbench-baselines", metavar="DIR", default=None,
                     help="baseline directory (default: $SPECBENCH_BASELINES_DIR or ./baselines)")
 
@@ -47,15 +58,20 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "large_gpu(min_gb): needs a CUDA device with at least min_gb GiB (2**30 bytes) of memory")
     config.addinivalue_line("markers", "multi_gpu(n): needs at least n CUDA devices")
+    if config.getoption("--specbench-no-history") and config.getoption("--specbench-history"):
+        raise pytest.UsageError("give --specbench-history DIR or --specbench-no-history, not both")
     config.stash[RESULTS_KEY] = []
+    config.stash[HISTORY_USED_KEY] = set()
 
 
-def _skip_reason(item: pytest.Item) -> str | None:
+def _needs_gpu(item: pytest.Item) -> bool:
+    return item.get_closest_marker("large_gpu") is not None or item.get_closest_marker("multi_gpu") is not None
+
+
+def _skip_reason(item: pytest.Item, gpus: list[tuple[str, float]]) -> str | None:
+    """Why ``gpus`` (env.gpu_inventory()) cannot run ``item``'s large_gpu / multi_gpu requirement, or None."""
     large = item.get_closest_marker("large_gpu")
     multi = item.get_closest_marker("multi_gpu")
-    if large is None and multi is None:
-        return None
-    gpus = env.gpu_inventory()
     if large is not None:
         min_gb = large.kwargs.get("min_gb", large.args[0] if large.args else 0)
         shortfall = env.gpu_shortfall(min_gb, gpus)
@@ -68,23 +84,40 @@ def _skip_reason(item: pytest.Item) -> str | None:
     return None
 
 
-def pytest_runtest_setup(item: pytest.Item) -> None:
-    reason = _skip_reason(item)
-    if reason:
-        pytest.skip(reason)
+@pytest.hookimpl(trylast=True)  # after -m/-k deselection: a deselected GPU test must not cost a torch import
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # a skip mark added at collection, not pytest.skip() in a setup hook: pytest reports a mark's skip at the
+    # test's own file and line (a skip raised in a hook would be reported at this file's line, for every test)
+    gpus = None
+    for item in items:
+        if not _needs_gpu(item):
+            continue
+        if gpus is None:  # once per session, and only when a test asks for a GPU: it imports torch
+            gpus = env.gpu_inventory()
+        reason = _skip_reason(item, gpus)
+        if reason:
+            item.add_marker(pytest.mark.skip(reason=reason))
 
 
 def _append_result_line(path: str, line: str) -> None:
     """One whole line per write under an exclusive lock: concurrent xdist workers never interleave."""
     Path(path).parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a", encoding="utf-8") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            handle.write(line + "\n")
-            handle.flush()
-            os.fsync(handle.fileno())
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+    with locked(path), open(path, "a", encoding="utf-8") as handle:
+        handle.write(line + "\n")
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+def _history_dir(config: pytest.Config) -> Path | None:
+    """--specbench-history, else the default history ($SPECBENCH_HISTORY_DIR or .specbench/history at the
+    repo root, where `specbench report` looks); None with --specbench-no-history."""
+    if config.getoption("--specbench-no-history"):
+        return None
+    if config.getoption("--specbench-history"):
+        return Path(config.getoption("--specbench-history"))
+    from specbench.gating.history import default_history_dir
+
+    return default_history_dir()
 
 
 class _Gatekeeper:
@@ -95,40 +128,53 @@ class _Gatekeeper:
         self.node = request.node
 
     def __call__(self, result: dict) -> dict:
+        # strict_json, not harness.to_json: gating a stored result must not import the harness (torch, datasets)
+        from specbench import strict_json
+        from specbench.gating.baselines import BaselineRefused, BaselineStore, compare
         from specbench.gating.regenerate import update_baseline
-        from specbench.gating.baselines import BaselineStore, compare
-        from specbench.harness import to_json
 
         config = self.config
         baselines_dir = config.getoption("--specbench-baselines")
-        line = to_json(result, indent=None)
         results_path = config.getoption("--specbench-results")
         if results_path:
-            _append_result_line(results_path, line)
+            _append_result_line(results_path, strict_json.dumps(result, indent=None))
         metrics = result["metrics"]
         for name in ("acceptance_rate", "mean_acceptance_length", "tokens_per_s", "speedup"):
             self.node.user_properties.append((f"specbench.{name}", metrics.get(name)))
         self.node.user_properties.append(("specbench.case_id", result["case_id"]))
         row = {"case_id": result["case_id"], "metrics": metrics}
         if config.getoption("--specbench-update-baselines"):
+            self._record_history(result, None)  # a run, whatever becomes of it; no gate outcome to store
             command = "pytest --specbench-update-baselines " + shlex.join(config.invocation_params.args)
-            diff = update_baseline(result, baselines_dir, command=command)
+            try:
+                # the correctness verdict (fp32 exact, bf16/fp16 match fraction over the resolved minimum) is
+                # gates.check_correctness's, applied inside update_baseline, as compare applies it when gating
+                diff = update_baseline(result, baselines_dir, command=command)
+            except BaselineRefused as err:
+                row.update(status="REFUSED", detail=str(err))
+                config.stash[RESULTS_KEY].append(row)
+                pytest.fail(str(err), pytrace=False)
             row.update(status="updated", detail=diff.format())
             config.stash[RESULTS_KEY].append(row)
             sys.stdout.write(diff.format() + "\n")
             return result
         report = compare(result, BaselineStore(baselines_dir) if baselines_dir else None)
-        history = config.getoption("--specbench-history")
-        if history:
-            from specbench.gating.history import append_results
-
-            append_results(history, [result], gate_reports=[report])
+        self._record_history(result, report)
         self.node.user_properties.append(("specbench.gate", "pass" if report.passed else "fail"))
         row.update(status="pass" if report.passed else "FAIL", detail=report.format(only_problems=True))
         config.stash[RESULTS_KEY].append(row)
         if not report.passed:
             pytest.fail(report.format(only_problems=True), pytrace=False)
         return result
+
+    def _record_history(self, result: dict, report) -> None:
+        directory = _history_dir(self.config)
+        if directory is None:
+            return
+        from specbench.gating.history import append_results
+
+        append_results(directory, [result], gate_reports=[report])
+        self.config.stash[HISTORY_USED_KEY].add(str(directory))
 
 
 @pytest.fixture
@@ -175,6 +221,9 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config)
         for detail_line in (row.get("detail") or "").splitlines():
             if detail_line.strip() and row["status"] != "pass":
                 terminalreporter.write_line(f"    {detail_line}")
+    for directory in sorted(config.stash.get(HISTORY_USED_KEY, ())):
+        terminalreporter.write_line(f"recorded in the results history {directory} (`specbench report` shows it; "
+                                    "--specbench-no-history records nothing)")
 
 
 def case_params(suite: str) -> list:

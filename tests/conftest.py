@@ -19,6 +19,13 @@ def tiny_target(tiny_model):
     return HFTarget(tiny_model)
 
 
+@pytest.fixture(autouse=True)
+def _private_results_history(tmp_path_factory, monkeypatch):
+    # the pytest plugin and `specbench run` append to the default results history (.specbench/history at
+    # the repo root); unit tests, pytester runs included, record into a temporary directory instead
+    monkeypatch.setenv("SPECBENCH_HISTORY_DIR", str(tmp_path_factory.getbasetemp() / "results-history"))
+
+
 def pytest_configure(config):
     # One thread per test process: the tiny models here are far too small to gain from intra-op
     # threads, and spinning idle threads slow everything on a 2-core machine under xdist. Denormal

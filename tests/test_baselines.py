@@ -4,16 +4,17 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import pytest
 from _synthetic_results import make_result, with_divergence
 
+from specbench.file_lock import LockTimeout, locked
 from specbench.gating.regenerate import update_baseline
 from specbench.gating.baselines import (
     BASELINES_DIR_ENV, BaselineError, BaselineFileError, BaselineRefused, BaselineStore, CaseDefinitionChanged,
@@ -173,11 +174,36 @@ def _start_writer(store_dir: Path, job_path: Path, *mode: str, **popen) -> subpr
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen)
 
 
-def test_sigkill_during_regeneration_leaves_the_old_or_the_new_file(tmp_path):
-    """Writers SIGKILLed at random moments: the file always parses and is exactly one complete version.
+def _wait_for(condition, what: str, timeout_s: float = 60.0):
+    """Poll ``condition`` until it returns something truthy (returned): the test waits on a state the other
+    process's progress must produce, never for a guessed duration; ``timeout_s`` only bounds a hang."""
+    deadline = time.monotonic() + timeout_s
+    while not (value := condition()):
+        assert time.monotonic() < deadline, f"timed out after {timeout_s} s waiting for {what}"
+        os.sched_yield()
+    return value
 
-    20 trials kill a bare atomic rewrite loop (where a non-atomic write would be caught mid-file almost
-    every time), 6 more kill full update_baseline loops (lock, load, merge, format, write).
+
+def _new_partial_temp_file(store: Path, before: set[str]) -> bool:
+    """A temp file this trial's writer created and has begun filling, i.e. the writer is inside a write."""
+    for path in store.glob(".medusa.json.*.tmp"):
+        try:
+            if path.name not in before and path.stat().st_size > 0:
+                return True
+        except FileNotFoundError:  # renamed into place between the listing and the stat
+            pass
+    return False
+
+
+def test_sigkill_during_regeneration_leaves_the_old_or_the_new_file(tmp_path):
+    """Writers SIGKILLed at chosen moments: the file always parses and is exactly one complete version.
+
+    12 trials kill a bare atomic rewrite loop (nearly all its time is spent writing), 6 more kill full
+    update_baseline loops (lock, load, merge, format, write). Each kill point is a state observed in the store,
+    not a delay: right after the fork ("start"), while a temp file of the trial's writer is partly written
+    ("mid-write"), and just after the writer replaced the file with the other version ("replaced"; the next
+    write is then under way). The replaced trials start alternately from the old and the new file, so both
+    directions of replacement are seen whatever the scheduling.
     """
     old, new = make_result(seed=0, num_requests=150), make_result(seed=1, num_requests=150)
     fillers = [make_result(seed=s, num_requests=150, name=f"filler-{s}") for s in range(4)]  # a large-ish file
@@ -192,35 +218,94 @@ def test_sigkill_during_regeneration_leaves_the_old_or_the_new_file(tmp_path):
     assert old_text != new_text and len(old_text) > 300_000  # big enough that a write spans many syscalls
     store = tmp_path / "store"
     store.mkdir()
-    (store / "medusa.json").write_text(old_text)
+    baseline_file = store / "medusa.json"
+    baseline_file.write_text(old_text)
     job_path = tmp_path / "job.json"
     job_path.write_text(json.dumps({"results": [new, old], "texts": [new_text, old_text]}))  # alternate new, old
     server = _start_writer(store, job_path, "--serve", stdin=subprocess.PIPE)
-    rng = random.Random(0)
-    seen = set()
+    schedule = [(mode, point) for mode, trials in (("write", 4), ("update", 2))
+                for _ in range(trials) for point in ("start", "mid-write", "replaced")]
+    replaced_seen = []
     try:
-        for trial, mode in enumerate(["write"] * 20 + ["update"] * 6):
+        for trial, (mode, point) in enumerate(schedule):
+            if point == "replaced":  # start from old and new in turn (no writer runs between trials)
+                start_text = (old_text, new_text)[len(replaced_seen) % 2]
+                baseline_file.write_text(start_text)
+            before = {p.name for p in store.iterdir()}
             server.stdin.write(f"fork {mode}\n")
             server.stdin.flush()
             reply = server.stdout.readline()
             assert reply.startswith("child "), f"writer server failed: {reply!r} {server.stderr.read() if not reply else ''}"
-            # a write takes ~10 ms, an update ~0.1-0.2 s: kills land before, during and between writes
-            time.sleep(rng.uniform(0.0, 0.1 if mode == "write" else 0.4))
+            if point == "mid-write":
+                _wait_for(lambda: _new_partial_temp_file(store, before), f"trial {trial}: a write in progress")
+            elif point == "replaced":
+                other = new_text if start_text == old_text else old_text
+                _wait_for(lambda: baseline_file.read_text() == other, f"trial {trial}: the file replaced")
+                replaced_seen.append(other == new_text)
             os.kill(int(reply.split()[1]), signal.SIGKILL)
             status = int(server.stdout.readline().split()[1])
             assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL, f"trial {trial}: writer crashed"
-            text = (store / "medusa.json").read_text()
-            assert text in (old_text, new_text), f"trial {trial} ({mode}): partial or foreign content ({len(text)} chars)"
+            text = baseline_file.read_text()
+            assert text in (old_text, new_text), \
+                f"trial {trial} ({mode}, {point}): partial or foreign content ({len(text)} chars)"
             json.loads(text)
-            seen.add(text == new_text)
     finally:
         server.stdin.close()
         server.wait(timeout=30)
         server.stdout.close()
         server.stderr.close()
-    assert seen == {True, False}  # writers did replace the file during the trials, both ways
+    assert set(replaced_seen) == {True, False}  # writers did replace the file during the trials, both ways
     update_baseline(old, store, command="tests/_kill_writer.py")  # the next writer clears killed writers' temp files
     assert [p.name for p in store.iterdir()] == ["medusa.json"]
+
+
+# holds the lock update_baseline takes on DIR until a line arrives on stdin (or it is killed), saying so on stdout
+LOCK_HOLDER = """
+import sys
+from specbench.file_lock import locked
+with locked(sys.argv[1]):
+    print("held", flush=True)
+    sys.stdin.readline()
+"""
+
+
+def _hold_lock(directory: Path) -> subprocess.Popen:
+    holder = subprocess.Popen([sys.executable, "-c", LOCK_HOLDER, str(directory)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parents[1])
+    assert holder.stdout.readline() == "held\n", "the lock holder did not start"
+    return holder
+
+
+def test_an_updater_waits_for_the_directory_lock_and_proceeds_after_release(tmp_path):
+    store = tmp_path / "store"
+    store.mkdir()
+    holder = _hold_lock(store)
+    try:
+        with pytest.raises(LockTimeout):  # held by the other process: one attempt fails at once
+            with locked(store, timeout=0):
+                pass
+        updater = threading.Thread(target=update_baseline, args=(make_result(seed=0), store), kwargs={"command": "t"})
+        updater.start()
+        updater.join(timeout=0.5)  # a lock that did not exclude it would let it finish in well under 0.5 s
+        assert updater.is_alive() and not (store / "medusa.json").exists(), "update_baseline ignored the lock"
+    finally:
+        holder.communicate("release\n", timeout=30)  # the holder exits: the lock is free
+    updater.join(timeout=60)
+    assert not updater.is_alive() and CASE in _stored(store)["cases"]
+    with locked(store, timeout=0):  # and nobody holds it afterwards
+        pass
+
+
+def test_a_killed_holder_releases_the_directory_lock(tmp_path):
+    store = tmp_path / "store"
+    store.mkdir()
+    holder = _hold_lock(store)
+    holder.kill()  # SIGKILL: no cleanup code runs; the OS drops the lock with the process
+    holder.communicate(timeout=30)
+    with locked(store, timeout=0):
+        pass
+    update_baseline(make_result(seed=0), store, command="after the kill")
+    assert [p.name for p in store.iterdir()] == ["medusa.json"]  # the lock file lives beside the directory
 
 
 def test_concurrent_updaters_lose_no_case(tmp_path):

@@ -1,12 +1,20 @@
-"""The pytest plugin, driven through pytester: markers, baseline updates, gates and the results file."""
+"""The pytest plugin, driven through pytester: markers, baseline updates, gates, the results file and history."""
 
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
 pytest_plugins = ["pytester"]
+
+
+@pytest.fixture(autouse=True)
+def _private_default_history(tmp_path, monkeypatch):
+    # every gated run is recorded in the default results history unless told otherwise; keep these runs' records
+    # out of the checkout's .specbench/history (tests that look at the default history set their own)
+    monkeypatch.setenv("SPECBENCH_HISTORY_DIR", str(tmp_path / "default-history"))
 
 FAKE_GPU_CONFTEST = """
 import specbench.env as env
@@ -67,6 +75,59 @@ def test_big_enough_gpus_run(pytester):
     fake_gpus(pytester, [("NVIDIA H200", 139.8), ("NVIDIA H200", 139.8)])
     pytester.makepyfile(MARKED_TESTS)
     pytester.runpytest().assert_outcomes(passed=4)
+
+
+GPU_SKIP_LOCATION_TESTS = """
+import pytest
+
+@pytest.mark.large_gpu(min_gb=4)
+def test_small_gpu():
+    pass
+
+@pytest.mark.multi_gpu(2)
+def test_two_gpus():
+    pass
+"""
+
+
+def _skip_lines(stdout: str) -> dict[str, int]:
+    """reason -> reported line number of each ``SKIPPED [1] file:line: reason`` line naming test_skip_at.py."""
+    return {reason: int(line) for line, reason in re.findall(r"SKIPPED \[1\] test_skip_at\.py:(\d+): (.+)", stdout)}
+
+
+def _definition_lines(path, test_name: str) -> set[int]:
+    """The 1-based lines a report may give for ``test_name``: its first decorator's or its def's."""
+    lines = path.read_text().splitlines()
+    def_line = lines.index(f"def {test_name}():") + 1
+    return {def_line - 1, def_line}
+
+
+def test_gpu_skips_are_reported_at_the_tests_own_file_and_line(pytester):
+    fake_gpus(pytester, [])
+    path = pytester.makepyfile(test_skip_at=GPU_SKIP_LOCATION_TESTS)
+    result = pytester.runpytest("-rs")
+    result.assert_outcomes(skipped=2)
+    assert "pytest_plugin.py" not in result.stdout.str()
+    skipped = _skip_lines(result.stdout.str())
+    assert set(skipped) == {"large_gpu(min_gb=4): no CUDA device", "multi_gpu(2): needs 2 CUDA devices, found 0"}
+    assert skipped["large_gpu(min_gb=4): no CUDA device"] in _definition_lines(path, "test_small_gpu")
+    assert skipped["multi_gpu(2): needs 2 CUDA devices, found 0"] in _definition_lines(path, "test_two_gpus")
+
+
+def test_an_unmeetable_gpu_requirement_skips_at_the_tests_line_on_this_machine(pytester):
+    """The real GPU inventory (no fake): no machine has 10**6 GiB, so the test skips wherever this runs."""
+    path = pytester.makepyfile(test_skip_at="""
+import pytest
+
+@pytest.mark.large_gpu(min_gb=10**6)
+def test_huge():
+    pass
+""")
+    result = pytester.runpytest("-rs")
+    result.assert_outcomes(skipped=1)
+    assert "pytest_plugin.py" not in result.stdout.str()
+    ((reason, line),) = _skip_lines(result.stdout.str()).items()
+    assert reason.startswith("large_gpu(min_gb=1000000): ") and line in _definition_lines(path, "test_huge")
 
 
 GATED_TEST = """
@@ -145,6 +206,86 @@ def test_history_option_records_results_and_gate_outcomes(pytester, tests_dir):
     pytester.runpytest("--specbench-baselines", str(baselines), "--specbench-history", str(history)).assert_outcomes(passed=1)
     frame = load_history(history)
     assert len(frame) == 1 and frame.iloc[0]["case_id"] == "medusa/medusa-chain-k3"
+
+
+def test_results_go_to_the_default_history_unless_no_history(pytester, tests_dir, monkeypatch):
+    """Run, then report: without an option every result lands where `specbench report` reads by default."""
+    from specbench.gating.history import load_history
+
+    default = pytester.path / "default-history"
+    monkeypatch.setenv("SPECBENCH_HISTORY_DIR", str(default))
+    args = ["--specbench-baselines", str(pytester.path / "baselines"), "-p", "no:cacheprovider"]
+    gated(pytester, tests_dir)
+    pytester.runpytest(*args, "--specbench-update-baselines").assert_outcomes(passed=1)  # stored, and recorded
+    result = pytester.runpytest(*args)
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines([f"recorded in the results history {default} *"])
+    assert [p.name for p in default.glob("*.jsonl")]  # a history file
+    frame = load_history(default)
+    assert frame["case_id"].tolist() == ["medusa/medusa-chain-k3"] * 2
+    assert frame["gate_passed"].tolist() == [None, True]  # the update run has no gate outcome
+
+    elsewhere = pytester.path / "unused-history"
+    monkeypatch.setenv("SPECBENCH_HISTORY_DIR", str(elsewhere))
+    result = pytester.runpytest(*args, "--specbench-no-history")
+    result.assert_outcomes(passed=1)
+    assert not elsewhere.exists() and "recorded in the results history" not in result.stdout.str()
+    pytester.runpytest(*args, "--specbench-no-history", "--specbench-update-baselines").assert_outcomes(passed=1)
+    assert not elsewhere.exists() and len(load_history(default)) == 2
+
+    result = pytester.runpytest(*args, "--specbench-no-history", "--specbench-history", str(default))
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*give --specbench-history DIR or --specbench-no-history, not both*"])
+
+
+CORRECTNESS_CASES = """
+import sys
+sys.path.insert(0, {tests_dir!r})
+from _synthetic_results import make_result, with_divergence
+
+def bf16_drift(name, min_match_fraction=None):
+    result = with_divergence(make_result(seed=0, dtype="bfloat16", name=name), request_index=0, position=30,
+                             match_fraction=0.9)
+    if min_match_fraction is not None:
+        result["case"]["tolerances"] = {{"min_match_fraction": min_match_fraction}}
+    return result
+
+def test_bf16_drift_over_the_default_minimum(specbench_gate):
+    specbench_gate(bf16_drift("bf16-drift"))
+
+def test_bf16_drift_under_the_cases_minimum(specbench_gate):
+    specbench_gate(bf16_drift("bf16-strict", min_match_fraction=0.95))
+
+def test_fp32_divergence(specbench_gate):
+    specbench_gate(with_divergence(make_result(seed=0, name="fp32-diverged"), request_index=2, position=9,
+                                   match_fraction=0.97))
+"""
+
+
+def test_updates_and_gates_take_one_correctness_verdict(pytester, tests_dir):
+    """Storing and gating judge losslessness alike (gates.check_correctness with the resolved tolerances): a bf16
+    run that is not exact but over its minimum match fraction is stored and passes; under the case's own minimum,
+    or an fp32 run with any divergence, it is refused and fails, with the same reason."""
+    pytester.makepyfile(test_correctness=CORRECTNESS_CASES.format(tests_dir=str(tests_dir)))
+    args = ["--specbench-baselines", str(pytester.path / "baselines"), "-p", "no:cacheprovider", "-rf"]
+    strict = "match fraction 0.900 is under the minimum 0.950"
+    fp32 = ("fp32 speculative output differs from plain decoding: "
+            "request 'gsm8k-2' (#2) first diverges at output position 9")
+
+    result = pytester.runpytest(*args, "--specbench-update-baselines")
+    result.assert_outcomes(passed=1, failed=2)
+    result.stdout.fnmatch_lines([f"*refusing to store a baseline for medusa/bf16-strict: {strict}*",
+                                 f"*refusing to store a baseline for medusa/fp32-diverged: {fp32}*"])
+    result.stdout.fnmatch_lines(["medusa/bf16-drift * updated *", "medusa/bf16-strict * REFUSED *",
+                                 "medusa/fp32-diverged * REFUSED *"])
+    assert "Traceback" not in result.stdout.str()  # a refusal is a verdict, not a crash
+    stored = json.loads((pytester.path / "baselines" / "medusa.json").read_text())
+    assert sorted(stored["cases"]) == ["bf16-drift"]
+
+    result = pytester.runpytest(*args)
+    result.assert_outcomes(passed=1, failed=2)
+    result.stdout.fnmatch_lines([f"*medusa/bf16-strict: match_fraction failed: {strict}*",
+                                 f"*medusa/fp32-diverged: exact_match failed: {fp32}*"])
 
 
 MANY_CASES = """

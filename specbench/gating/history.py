@@ -3,8 +3,9 @@ concurrent writers (pytest-xdist workers, CI jobs) and read back as one pandas D
 
 Each writer process appends to its own ``records-<random id>.jsonl`` (the id is a fresh uuid4 per process,
 so it names no host and survives fork), one whole line per ``os.write`` on an ``O_APPEND`` descriptor under
-an exclusive ``flock``: the lock serialises threads of one process, the file per process means a writer
-killed mid-line can only truncate its own last line, which :func:`load_history` skips with a warning.
+an exclusive lock on ``records-<id>.jsonl.lock`` (:func:`specbench.file_lock.locked`): the lock serialises
+threads of one process and any writers sharing one file, the file per process means a writer killed mid-line
+can only truncate its own last line, which :func:`load_history` skips with a warning.
 Appends cannot use the project's temp-file + ``os.replace`` rule: that would rewrite the whole file per run
 and lose records written between the read and the replace.
 
@@ -21,7 +22,6 @@ A record (schema 1)::
 
 from __future__ import annotations
 
-import fcntl
 import json
 import math
 import os
@@ -30,6 +30,7 @@ import warnings
 from datetime import datetime, timezone
 from pathlib import Path
 
+from specbench.file_lock import locked
 from specbench.gating.baselines import QUALITY_REQUEST_FIELDS, SPEED_REQUEST_FIELDS
 from specbench.strict_json import json_safe
 from specbench.gating.intervals import per_token_latency
@@ -141,15 +142,15 @@ def append_results(history_dir, results: list, *, gate_reports: list | None = No
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / writer_file_name()
     data = "".join(lines).encode("utf-8")
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        view = memoryview(data)
-        while view:  # a regular file takes it all at once; the loop only guards against a signal's short write
-            view = view[os.write(fd, view):]
-        os.fsync(fd)
-    finally:
-        os.close(fd)  # closing releases the lock
+    with locked(path):
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            view = memoryview(data)
+            while view:  # a regular file takes it all at once; the loop only guards against a signal's short write
+                view = view[os.write(fd, view):]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
     return path
 
 

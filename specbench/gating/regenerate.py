@@ -3,14 +3,13 @@ with provenance and a printable old -> new diff per metric (the file format is i
 
 from __future__ import annotations
 
-import os
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
 from specbench import strict_json
 from specbench.atomic_write import write_text_atomic
+from specbench.file_lock import locked
 from specbench.gating.baselines import (
     FLOAT_SIGNIFICANT_DIGITS, QUALITY_REQUEST_FIELDS, SCHEMA_VERSION, SPEED_REQUEST_FIELDS, BaselineError,
     BaselineRefused, as_result_dict, as_store, case_changes, format_baseline_file, result_case_id, split_case_id,
@@ -100,22 +99,6 @@ def _metric_lines(section: str, names, old: dict | None, new: dict) -> list[Diff
     return lines
 
 
-@contextmanager
-def _directory_lock(directory: Path):
-    """Serialise updaters of one directory (pytest-xdist workers), so no read-modify-write is lost."""
-    try:
-        import fcntl
-    except ImportError:  # not POSIX: atomic replacement still holds, concurrent updates may race
-        yield
-        return
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)  # released by the kernel if this process is killed
-        yield
-    finally:
-        os.close(fd)
-
-
 def update_baseline(result: dict, store_dir=None, *, command: str) -> BaselineDiff:
     """Store ``result`` as its case's baseline: quality (if changed), and speed for its hardware class.
 
@@ -132,7 +115,10 @@ def update_baseline(result: dict, store_dir=None, *, command: str) -> BaselineDi
                             "figures cannot be filed; produce the result with specbench's harness")
     store.directory.mkdir(parents=True, exist_ok=True)
     path = store.path(suite)
-    with _directory_lock(store.directory):
+    # serialise updaters of one directory (pytest-xdist workers), so no read-modify-write is lost; the lock
+    # file sits beside the directory (baselines.lock), which holds only baseline files, and is released by
+    # the OS if this process is killed
+    with locked(store.directory):
         for stale in store.directory.glob(f".{path.name}.*.tmp"):  # left by a killed writer; we hold the lock
             stale.unlink(missing_ok=True)
         data = store.load(suite) or {"schema": SCHEMA_VERSION, "suite": suite, "cases": {}}
