@@ -1,5 +1,5 @@
-"""The environment fingerprint stored with every run (FIELD_NOTES §7: speedups that do not reproduce
-because GPU, driver, CUDA, library versions, dtype or commit went unrecorded). Reads, never loads.
+"""The environment fingerprint stored with every run, because speedups do not reproduce when the GPU,
+driver, CUDA, library versions, dtype or commit went unrecorded. Reads, never loads.
 
 torch is imported inside the functions that ask it about devices, never at module level: the pytest plugin
 imports this module in every pytest process, and most of those never touch a GPU (a cold torch import is
