@@ -1,13 +1,14 @@
-"""GPU speed benchmark on the 7B shape at batch 1 (issue: the GPU tier's first speed figures).
+"""GPU speed benchmark on the 7B shape at batch 1: both engines side by side in one run.
 
-Measures in one run, on the weights `specbench zoo synth` wrote: plain decoding tok/s through
-specbench's engine; verification cost T(k)/T(1) for k = 1..8 and a 63-node tree; speculative decoding
-at forced full acceptance (an oracle proposing the target's own greedy continuation) and at a synthetic
-per-position acceptance profile; transformers `generate` on the same weights (eager dynamic cache and
-static cache + torch.compile) as the peer; and the ceiling = copy bandwidth / weight bytes per token.
-Prints a table and writes everything as JSON.
+Measures, on the weights `specbench zoo synth` wrote, for each engine (static: preallocated cache and
+one CUDA graph per step kind; eager: HFTarget over transformers' dynamic cache): plain decoding tok/s;
+verification cost T(k)/T(1) for k = 1..8 and a 63-node tree; speculative decoding at forced full
+acceptance (an oracle proposing the target's own greedy continuation) and at a synthetic per-position
+acceptance profile. Then transformers `generate` on the same weights (eager dynamic cache and static
+cache + torch.compile) as the peer, and the ceiling = copy bandwidth / weight bytes per token.
+Graph capture and warm-up are timed apart and never enter tok/s. Prints a table, writes JSON.
 
-    python bench/speed_7b.py SYNTH_DIR OUT_DIR [--tiny] [--device cuda]
+    python bench/speed_7b.py SYNTH_DIR OUT_DIR [--engines static,eager] [--device cuda]
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from specbench.checkpoints.resolve import load_target_model  # noqa: E402
 from specbench.engine.decode import Decoder, GenerationConfig  # noqa: E402
 from specbench.engine.draft import Draft  # noqa: E402
 from specbench.engine.hf_target import HFTarget  # noqa: E402
+from specbench.engine.static_target import StaticTarget  # noqa: E402
 from specbench.env import environment_fingerprint  # noqa: E402
 from specbench.proposers.scripted import ScriptedProposer  # noqa: E402
 
@@ -54,9 +56,12 @@ def copy_bandwidth(device, gib: float = 4.0, reps: int = 10) -> float:
     return 2 * src.numel() * src.element_size() * reps / (time.perf_counter() - start)
 
 
-def time_verify(target: HFTarget, prompt: torch.Tensor, draft: Draft, reps: int) -> float:
-    """Median seconds of one verification forward of ``[root] + draft`` after ``prompt``."""
+def time_verify(target, prompt: torch.Tensor, draft: Draft, reps: int) -> float:
+    """Median seconds of one verification forward of ``[root] + draft`` after ``prompt`` (the first two
+    calls warm up: for the static engine they size the kind's width and capture its graph)."""
+    target.reserve(prompt.numel() + 80, len(draft))  # the draft kind's fixed width: exactly this draft
     target.prefill(prompt)
+    length = target.cache_length
     ids = torch.cat([prompt[-1:], draft.tokens])
     mask = None if draft.is_chain else draft.tree_mask()
     depths = draft.depths()
@@ -67,8 +72,8 @@ def time_verify(target: HFTarget, prompt: torch.Tensor, draft: Draft, reps: int)
         target.verify(ids, depths, mask)
         sync(target.device)
         times.append(time.perf_counter() - start)
-        target.commit([0], num_verified=ids.numel())  # drop what was appended, keep the cache size fixed
-        target.cache.crop(-1)
+        target.commit([0], num_verified=ids.numel())
+        target.truncate(length)  # back to the prompt: every rep verifies from the same cache state
     return statistics.median(times[2:])
 
 
@@ -117,6 +122,42 @@ def hf_forward_loop_rate(model, prompt, new_tokens) -> float:
     return new_tokens / elapsed
 
 
+def measure_engine(target, prompt, truth, args) -> dict:
+    """Plain tok/s, T(k)/T(1) for k = 1..8 and the 63-node tree, oracle and Medusa-profile decoding at K = 3, 5."""
+    vocab = target.vocab_size
+    decode_rate(target, None, prompt, 8)  # warm-up (and, for the static engine, the plain step's capture)
+    plain = decode_rate(target, None, prompt, args.new_tokens)
+    decode_rate(target, None, prompt, args.new_tokens)  # a first full-length request pays any remaining cold costs
+    plain = decode_rate(target, None, prompt, args.new_tokens)
+    figures: dict = {"plain": {"tokens_per_s": plain["tokens_per_s"], "matches_eager_greedy": plain["output"] == truth[: args.new_tokens]}}
+
+    t1 = time_verify(target, prompt, Draft.chain(torch.empty(0, dtype=torch.long)), args.reps)
+    verify_cost = {"1": 1.0}
+    for k in range(2, 9):
+        draft = Draft.chain(torch.randint(0, vocab, (k - 1,)))
+        verify_cost[str(k)] = time_verify(target, prompt, draft, args.reps) / t1
+    tree_paths = medusa_tree("mc_sim_7b_63")
+    if tree_paths is not None:
+        from specbench.engine.tree import TreeBuffers
+
+        tree = tree_paths if isinstance(tree_paths, TreeBuffers) else TreeBuffers.from_paths(tree_paths)
+        top = torch.randint(0, vocab, (tree.max_depth, tree.top_k))
+        verify_cost["tree63"] = time_verify(target, prompt, tree.draft(top), args.reps) / t1
+    figures["verify_seconds_k1"] = t1
+    figures["verify_cost_ratio"] = verify_cost
+
+    for k in (3, 5):
+        oracle = ScriptedProposer(truth, k, vocab)
+        decode_rate(target, oracle, prompt, 8)  # warm-up: the chain width K + 1 is sized and captured here
+        full = decode_rate(target, oracle, prompt, args.new_tokens)
+        ideal = (k + 1) * plain["tokens_per_s"] / verify_cost[str(k + 1)]  # every step emits K + 1 at T(K+1)
+        figures[f"spec_full_acceptance_k{k}"] = {key: full[key] for key in ("tokens_per_s", "mean_acceptance_length")}
+        figures[f"spec_full_acceptance_k{k}"]["fraction_of_ideal"] = full["tokens_per_s"] / ideal
+        profiled = decode_rate(target, ScriptedProposer(truth, k, vocab, position_accuracy=MEDUSA_PROFILE), prompt, args.new_tokens)
+        figures[f"spec_medusa_profile_k{k}"] = {key: profiled[key] for key in ("tokens_per_s", "mean_acceptance_length")}
+    return figures
+
+
 def medusa_tree(name: str) -> list[list[int]]:
     """A 63-node tree: the published mc_sim_7b_63 when SPECBENCH_DATA_DIR has it, else a greedy 63-node tree."""
     try:
@@ -136,7 +177,11 @@ def main() -> int:
     parser.add_argument("--prompt-len", type=int, default=128)
     parser.add_argument("--reps", type=int, default=20)
     parser.add_argument("--skip-compile", action="store_true", help="leave out static cache + torch.compile")
+    parser.add_argument("--engines", default="static,eager", help="comma-separated engines to measure (static, eager)")
     args = parser.parse_args()
+    engines = [e for e in args.engines.split(",") if e]
+    if not engines or set(engines) - {"static", "eager"}:
+        parser.error(f"--engines {args.engines!r}: expected a comma-separated list of static, eager")
 
     device = torch.device(args.device)
     out = Path(args.out_dir)
@@ -153,33 +198,15 @@ def main() -> int:
     figures["copy_bandwidth_bytes_per_s"] = bandwidth
     figures["ceiling_tokens_per_s"] = ceiling
 
-    plain = decode_rate(target, None, prompt, args.new_tokens)
-    decode_rate(target, None, prompt, 8)
-    plain = decode_rate(target, None, prompt, args.new_tokens)  # second call: warm
-    truth = decode_rate(target, None, prompt, args.new_tokens + 16)["output"]
-    figures["plain"] = {"tokens_per_s": plain["tokens_per_s"]}
-
-    t1 = time_verify(target, prompt, Draft.chain(torch.empty(0, dtype=torch.long)), args.reps)
-    verify_cost = {"1": 1.0}
-    for k in range(2, 9):
-        draft = Draft.chain(torch.randint(0, vocab, (k - 1,)))
-        verify_cost[str(k)] = time_verify(target, prompt, draft, args.reps) / t1
-    tree_paths = medusa_tree("mc_sim_7b_63")
-    if tree_paths is not None:
-        from specbench.engine.tree import TreeBuffers
-
-        tree = tree_paths if isinstance(tree_paths, TreeBuffers) else TreeBuffers.from_paths(tree_paths)
-        top = torch.randint(0, vocab, (tree.max_depth, tree.top_k))
-        verify_cost["tree63"] = time_verify(target, prompt, tree.draft(top), args.reps) / t1
-    figures["verify_seconds_k1"] = t1
-    figures["verify_cost_ratio"] = verify_cost
-
-    for k in (3, 5):
-        oracle = ScriptedProposer(truth, k, vocab)
-        full = decode_rate(target, oracle, prompt, args.new_tokens)
-        figures[f"spec_full_acceptance_k{k}"] = {key: full[key] for key in ("tokens_per_s", "mean_acceptance_length")}
-        profiled = decode_rate(target, ScriptedProposer(truth, k, vocab, position_accuracy=MEDUSA_PROFILE), prompt, args.new_tokens)
-        figures[f"spec_medusa_profile_k{k}"] = {key: profiled[key] for key in ("tokens_per_s", "mean_acceptance_length")}
+    truth = decode_rate(target, None, prompt, args.new_tokens + 16)["output"]  # the oracle's script (eager, exact)
+    for engine in engines:
+        engine_target = target if engine == "eager" else StaticTarget.from_hf_model(model)  # shares the weights
+        figures[engine] = measure_engine(engine_target, prompt, truth, args)
+        if engine == "static":
+            figures["static"]["capture_seconds"] = engine_target.capture_seconds
+            del engine_target
+            torch.cuda.empty_cache() if device.type == "cuda" else None
+    figures["static_plain_tokens_per_s"] = figures.get("static", {}).get("plain", {}).get("tokens_per_s")
 
     # the same oracle chain with cuDNN attention allowed, as before HFTarget switched it off: a prompt of
     # another length, so every (query, key) length pair is new to cuDNN's plan cache, as in real traffic
@@ -206,24 +233,35 @@ def main() -> int:
             print(f"static cache + compile failed, left out of the table: {figures['hf_generate_static_compile_error']}")
 
     peer = figures["hf_generate_eager"]["tokens_per_s"]
+    compiled = figures.get("hf_generate_static_compile", {}).get("tokens_per_s")
+    figures["hf_static_compile_tokens_per_s"] = compiled
     rows = [("ceiling (copy bandwidth / weight bytes)", ceiling)]
     rows.append(("transformers generate, eager", peer))
     rows.append(("transformers forward loop, eager (no generate)", figures["hf_forward_loop"]["tokens_per_s"]))
-    if "hf_generate_static_compile" in figures:
-        rows.append(("transformers generate, static cache + compile", figures["hf_generate_static_compile"]["tokens_per_s"]))
-    rows.append(("specbench plain decoding", plain["tokens_per_s"]))
-    for k in (3, 5):
-        rows.append((f"specbench spec, full acceptance, K={k} (MAL {figures[f'spec_full_acceptance_k{k}']['mean_acceptance_length']:.2f})",
-                     figures[f"spec_full_acceptance_k{k}"]["tokens_per_s"]))
-        rows.append((f"specbench spec, Medusa-7B profile, K={k} (MAL {figures[f'spec_medusa_profile_k{k}']['mean_acceptance_length']:.2f})",
-                     figures[f"spec_medusa_profile_k{k}"]["tokens_per_s"]))
+    if compiled is not None:
+        rows.append(("transformers generate, static cache + compile", compiled))
+    for engine in engines:
+        measured = figures[engine]
+        rows.append((f"specbench {engine}: plain decoding", measured["plain"]["tokens_per_s"]))
+        for k in (3, 5):
+            full, profiled = measured[f"spec_full_acceptance_k{k}"], measured[f"spec_medusa_profile_k{k}"]
+            rows.append((f"specbench {engine}: full acceptance, K={k} (MAL {full['mean_acceptance_length']:.2f}, "
+                         f"{full['fraction_of_ideal']:.2f} of ideal)", full["tokens_per_s"]))
+            rows.append((f"specbench {engine}: Medusa-7B profile, K={k} (MAL {profiled['mean_acceptance_length']:.2f})",
+                         profiled["tokens_per_s"]))
     if "spec_full_acceptance_k3_cudnn_attention" in figures:
-        rows.append(("specbench spec, full acceptance, K=3, cuDNN attention allowed (cold shapes)",
+        rows.append(("specbench eager: full acceptance, K=3, cuDNN attention allowed (cold shapes)",
                      figures["spec_full_acceptance_k3_cudnn_attention"]["tokens_per_s"]))
-    lines = [f"{'what':80} {'tok/s':>8} {'/ceiling':>9} {'/HF eager':>10}"]
+    lines = [f"{'what':84} {'tok/s':>8} {'/ceiling':>9} {'/HF eager':>10} {'/HF compile':>12}"]
     for label, rate in rows:
-        lines.append(f"{label:80} {rate:8.1f} {rate / ceiling:9.2f} {rate / peer:10.2f}")
-    lines.append("verification cost T(k)/T(1): " + ", ".join(f"{k}: {v:.2f}" for k, v in verify_cost.items()))
+        versus_compiled = f"{rate / compiled:12.2f}" if compiled else f"{'n/a':>12}"
+        lines.append(f"{label:84} {rate:8.1f} {rate / ceiling:9.2f} {rate / peer:10.2f} {versus_compiled}")
+    for engine in engines:
+        cost = figures[engine]["verify_cost_ratio"]
+        lines.append(f"{engine}: T(1) = {figures[engine]['verify_seconds_k1'] * 1e3:.2f} ms; T(k)/T(1): "
+                     + ", ".join(f"{k}: {v:.2f}" for k, v in cost.items()))
+    if "static" in figures:
+        lines.append(f"static: graph warm-up + capture {figures['static']['capture_seconds']:.2f} s (not in any tok/s)")
     table = "\n".join(lines)
     figures["table"] = table
     (out / "speed_7b.json").write_text(json.dumps(figures, indent=2, default=str) + "\n")

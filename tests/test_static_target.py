@@ -207,7 +207,7 @@ def test_every_verify_forward_has_one_shape_per_kind(pair):
             expected = {((1,), (1, capacity)), ((5,), (5, capacity))} if isinstance(proposer, NgramProposer) else {
                 ((proposer.max_draft_tokens + 1,), (proposer.max_draft_tokens + 1, capacity))}
             assert steps <= expected and len(steps) >= 1, steps
-    assert fresh.capture() is False  # CUDA-graph capture is a later slice; a no-op on CPU
+    assert fresh.cuda_graphs is False and fresh.capture_seconds == 0.0  # graphs are CUDA-only; CPU runs eager
 
 
 # --- the shipped reference model: loaded from its checkpoint directory ---------------------------------
@@ -250,6 +250,43 @@ def test_reference_model_decoding_equals_hf_target(reference_pair, proposer):
     static.verify_widths.clear()
     drafts = assert_same_decoding(hf, static, proposer_for, prompts, reserve=proposer == "ngram")
     assert (drafts > 0) == (proposer != "plain")
+
+
+def test_truncate_returns_the_cache_to_an_earlier_state(reference_pair):
+    """Benchmarks re-verify one draft from one cache state: after truncate the same verify gives the same logits."""
+    _, _, static, prompts = reference_pair
+    static.prefill(prompts[0])
+    length = static.cache_length
+    ids, depths = prompts[1][:4], torch.arange(4)
+    first = static.verify(ids, depths, None).logits.clone()
+    static.commit([0, 1, 2], num_verified=4)
+    assert static.cache_length == length + 3
+    static.truncate(length)
+    assert static.cache_length == length
+    torch.testing.assert_close(static.verify(ids, depths, None).logits, first, atol=0, rtol=0)
+    static.commit([0], num_verified=4)
+    with pytest.raises(ValueError, match=r"truncate to 0: needs a committed cache"):
+        static.truncate(0)
+
+
+@pytest.mark.large_gpu(min_gb=1)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cuda_graph_replay_equals_the_eager_forward(dtype):
+    """Graph capture must change nothing but launch count: the same tokens and counters as the eager
+    static forward (same kernels, same order) for plain, chain and tree steps on the reference model."""
+    model = load_target_model("specbench-ref/gsm8k-tiny", dtype=dtype, device="cuda")
+    graphed = StaticTarget.from_hf_model(model)
+    eager = StaticTarget.from_hf_model(model, cuda_graphs=False)
+    assert graphed.cuda_graphs and not eager.cuda_graphs
+    prompt = torch.tensor(list(range(5, 40)))
+    heads = MedusaProposer.from_options(graphed, path="specbench-ref/gsm8k-tiny-medusa", num_speculative_tokens=3).heads
+    for options in ({"num_speculative_tokens": 3}, {"tree": "gsm8k-tiny-63"}):
+        for use in (None, options):
+            want = decode(eager, use and MedusaProposer.from_options(eager, heads=heads, **use), prompt, reserve=True)
+            got = decode(graphed, use and MedusaProposer.from_options(graphed, heads=heads, **use), prompt, reserve=True)
+            assert got.output_token_ids == want.output_token_ids
+            assert got.counters == want.counters
+    assert set(graphed._captured) == {"plain", "chain", "tree"} and graphed.capture_seconds > 0
 
 
 # --- refusals and overflow -----------------------------------------------------------------------------

@@ -73,6 +73,8 @@ class Decoder:
     def generate(self, prompt_ids: torch.Tensor | list[int], seed: int | None = None) -> GenerationResult:
         prompt = torch.as_tensor(prompt_ids, dtype=torch.long).flatten()  # (T,)
         self._check_lengths(prompt.numel())
+        draft_room = self.proposer.max_draft_tokens if self.proposer else 0
+        self.target.reserve(prompt.numel() + self.config.max_new_tokens + draft_room, draft_room)
         device = self.target.device
         sampling = self.config.sampling
         generator = torch.Generator(device=device)

@@ -64,6 +64,15 @@ class HFTarget:
     def reset(self) -> None:
         self.cache = DynamicCache(config=self.config)
 
+    def reserve(self, num_tokens: int, max_draft_tokens: int = 0) -> None:
+        """Nothing to size: the dynamic cache grows with the request."""
+
+    def truncate(self, length: int) -> None:
+        """Drop committed cache entries beyond ``length`` (benchmarks re-verify from one cache state)."""
+        excess = self.cache_length - length
+        if excess > 0:  # a negative count removes that many in every transformers 5 release
+            self.cache.crop(-excess)
+
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
         logits = self.lm_head(hidden).float()  # (N, V)
         if self._softcap:

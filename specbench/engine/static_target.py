@@ -11,6 +11,7 @@ in-place gather of the accepted nodes into contiguous slots. ``HFTarget`` stays 
 from __future__ import annotations
 
 import json
+import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +24,16 @@ from specbench.engine.target import TargetOutput
 
 # cache slots allocated when nothing reserved more (a 128k-context config would otherwise take GBs)
 DEFAULT_CACHE_SLOTS = 4096
+
+
+@dataclass
+class _CapturedStep:
+    """One step kind's CUDA graph and the static outputs its replay overwrites."""
+
+    graph: "torch.cuda.CUDAGraph"
+    buffers: "_StepBuffers"  # the inputs it reads; a reallocated buffer set needs a new capture
+    logits: torch.Tensor  # (W, V)
+    hidden: torch.Tensor  # (W, H)
 
 
 @dataclass
@@ -47,7 +58,10 @@ class _StepBuffers:
 class StaticTarget:
     """Llama / Mistral / Qwen2 on :mod:`specbench.engine.static_llama`, batch size 1, same protocol as HFTarget."""
 
-    def __init__(self, module: StaticLlamaForCausalLM, config, *, max_context: int | None = None, source: str = "model"):
+    def __init__(
+        self, module: StaticLlamaForCausalLM, config, *, max_context: int | None = None, source: str = "model",
+        cuda_graphs: bool = True,
+    ):
         shape = module.shape
         window = shape.sliding_window
         if window is not None and max_context is not None and max_context > window:
@@ -70,20 +84,27 @@ class StaticTarget:
         self._buffers: dict[str, _StepBuffers] = {}
         self._cache: StaticKVCache | None = None
         self._pending: tuple[str, int] | None = None  # (kind, nodes) of the verify awaiting commit
+        # each step kind's fixed-width forward is captured once as a CUDA graph and replayed: one launch
+        # instead of ~10 per layer, so a 7B step is bound by its weight reads, not by the host
+        self.cuda_graphs = cuda_graphs and self.device.type == "cuda"
+        self._captured: dict[str, _CapturedStep] = {}
+        self._graph_pool = None
+        self.capture_seconds = 0.0  # warm-up + capture time, reported apart from decoding speed
 
     @classmethod
-    def from_hf_model(cls, model, max_context: int | None = None) -> "StaticTarget":
+    def from_hf_model(cls, model, max_context: int | None = None, *, cuda_graphs: bool = True) -> "StaticTarget":
         """Share the weights of a transformers ``LlamaForCausalLM`` / ``MistralForCausalLM`` / ``Qwen2ForCausalLM``."""
         shape = LlamaShape.from_config(model.config)
         param = next(model.parameters())
         module = StaticLlamaForCausalLM.from_state_dict(
             shape, model.state_dict(), dtype=param.dtype, device=param.device, source=type(model).__name__
         )
-        return cls(module, model.config, max_context=max_context, source=type(model).__name__)
+        return cls(module, model.config, max_context=max_context, source=type(model).__name__, cuda_graphs=cuda_graphs)
 
     @classmethod
     def from_pretrained(
-        cls, ref, *, dtype: torch.dtype = torch.float32, device="cpu", max_context: int | None = None
+        cls, ref, *, dtype: torch.dtype = torch.float32, device="cpu", max_context: int | None = None,
+        cuda_graphs: bool = True,
     ) -> "StaticTarget":
         """Load a checkpoint directory (or any reference ``resolve_model_dir`` accepts) without transformers' model code."""
         from transformers import AutoConfig
@@ -102,7 +123,7 @@ class StaticTarget:
         module = StaticLlamaForCausalLM.from_state_dict(
             shape, _read_weights(directory), dtype=dtype, device=torch.device(device), source=str(directory)
         )
-        return cls(module, config, max_context=max_context, source=str(directory))
+        return cls(module, config, max_context=max_context, source=str(directory), cuda_graphs=cuda_graphs)
 
     # -- cache ---------------------------------------------------------------------------------------
 
@@ -132,6 +153,8 @@ class StaticTarget:
 
     def _allocate(self, capacity: int) -> None:
         s = self.module.shape
+        self._captured.clear()  # graphs read the old cache's addresses
+        self._cache = None  # free the old cache before allocating its successor
         self._cache = StaticKVCache(s.num_layers, s.num_kv_heads, capacity, s.head_dim, dtype=self.dtype, device=self.device)
         self._pending = None
 
@@ -185,9 +208,11 @@ class StaticTarget:
         if kind == "tree":
             buffers.tree.zero_().diagonal().fill_(True)  # padded rows: themselves only
             buffers.tree[:n, :n].copy_(tree_mask)
-        logits, hidden = self._step(buffers)  # (W, V), (W, H)
+        logits, hidden = self._step(kind, buffers)  # (W, V), (W, H)
         self._pending = (kind, n)
         self.verify_widths.setdefault(kind, Counter())[width] += 1
+        if kind in self._captured:  # the next replay overwrites the graph's outputs: hand out copies
+            return TargetOutput(logits=logits[:n].clone(), hidden_states=hidden[:n].clone())
         return TargetOutput(logits=logits[:n], hidden_states=hidden[:n])
 
     def _width_for(self, kind: str, n: int) -> int:
@@ -200,8 +225,39 @@ class StaticTarget:
             self._buffers[kind] = _StepBuffers.allocate(width, self.device)
         return width
 
-    def _step(self, buffers: _StepBuffers) -> tuple[torch.Tensor, torch.Tensor]:
-        """One fixed-shape verify forward over the static buffers: the region a CUDA graph would capture."""
+    def _step(self, kind: str, buffers: _StepBuffers) -> tuple[torch.Tensor, torch.Tensor]:
+        """The kind's verify forward: a graph replay when graphs are on (captured at the kind's first step)."""
+        if not self.cuda_graphs:
+            return self._forward(buffers)
+        captured = self._captured.get(kind)
+        if captured is None or captured.buffers is not buffers:
+            captured = self._captured[kind] = self._capture(buffers)
+        captured.graph.replay()
+        return captured.logits, captured.hidden
+
+    def _capture(self, buffers: _StepBuffers) -> _CapturedStep:
+        """Record ``_forward`` over ``buffers`` as a CUDA graph. The warm-up runs first on a side stream
+        (cuBLAS workspaces and allocator growth must happen outside capture); it writes the same K/V
+        into the same not-yet-committed slots that the replay writes again, so it changes nothing."""
+        start = time.perf_counter()
+        torch.cuda.synchronize(self.device)
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                self._forward(buffers)
+        torch.cuda.current_stream(self.device).wait_stream(side)
+        if self._graph_pool is None:
+            self._graph_pool = torch.cuda.graph_pool_handle()  # one memory pool shared by every kind's graph
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._graph_pool):
+            logits, hidden = self._forward(buffers)
+        torch.cuda.synchronize(self.device)
+        self.capture_seconds += time.perf_counter() - start
+        return _CapturedStep(graph, buffers, logits, hidden)
+
+    def _forward(self, buffers: _StepBuffers) -> tuple[torch.Tensor, torch.Tensor]:
+        """One fixed-shape verify forward over the static buffers: the region a CUDA graph captures."""
         cache = self._cache
         width = buffers.ids.numel()
         positions = cache.length + buffers.depths  # (W,)
@@ -228,10 +284,13 @@ class StaticTarget:
         self._cache.advance(kept)
         self._pending = None
 
-    def capture(self) -> bool:
-        """Hook for capturing each kind's fixed-width step as a CUDA graph (a later slice); returns whether
-        anything was captured: nothing yet, and on CPU never (a no-op)."""
-        return False
+    @torch.inference_mode()
+    def truncate(self, length: int) -> None:
+        """Drop committed cache entries beyond ``length`` (benchmarks re-verify from one cache state)."""
+        if self._pending is not None or not 0 < length <= self.cache_length:
+            raise ValueError(f"truncate to {length}: needs a committed cache of at least that many tokens (holds {self.cache_length})")
+        self._cache.length.fill_(length)
+        self._cache.host_length = length
 
 
 def _read_weights(directory: Path) -> dict[str, torch.Tensor]:

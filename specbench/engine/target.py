@@ -33,6 +33,11 @@ class Target(Protocol):
     def reset(self) -> None:
         """Drop the KV cache (start of a new request)."""
 
+    def reserve(self, num_tokens: int, max_draft_tokens: int = 0) -> None:
+        """Size preallocated state for requests of up to ``num_tokens`` cache entries whose steps verify
+        up to ``max_draft_tokens`` draft nodes (a no-op for targets that grow on demand). Called before
+        timing starts, so allocation and graph capture never count as decoding time."""
+
     def prefill(self, input_ids: torch.Tensor) -> TargetOutput:
         """Run the prompt ``(T,)`` into an empty cache; returns the last position only: ``(1, V)``, ``(1, H)``."""
 
