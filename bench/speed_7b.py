@@ -125,6 +125,9 @@ def hf_forward_loop_rate(model, prompt, new_tokens) -> float:
 def measure_engine(target, prompt, truth, args) -> dict:
     """Plain tok/s, T(k)/T(1) for k = 1..8 and the 63-node tree, oracle and Medusa-profile decoding at K = 3, 5."""
     vocab = target.vocab_size
+    # the largest cache any request below needs, allocated once: a cache that grew mid-benchmark would
+    # re-capture the static engine's graphs inside a timed request
+    target.reserve(prompt.numel() + args.new_tokens + 80, 0)
     decode_rate(target, None, prompt, 8)  # warm-up (and, for the static engine, the plain step's capture)
     plain = decode_rate(target, None, prompt, args.new_tokens)
     decode_rate(target, None, prompt, args.new_tokens)  # a first full-length request pays any remaining cold costs

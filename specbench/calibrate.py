@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import argparse
 
-from specbench.cases import Case
+from specbench.cases import DTYPE_NAMES, Case, argument_type, parse_device
 from specbench.harness import load_prompt_ids, load_target
+
+COUNT = argument_type("num_prompts")  # the case rule for "an integer >= 1", for the counts that are not case fields
 
 
 def calibrate_for_checkpoint(case: Case, *, num_nodes: int, top_k: int = 10, progress: bool = True) -> tuple[list, dict]:
@@ -44,18 +46,38 @@ def calibrate_for_checkpoint(case: Case, *, num_nodes: int, top_k: int = 10, pro
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--target", required=True, help="target model reference (local dir, hub id, specbench-ref/...)")
-    parser.add_argument("--medusa", required=True, help="Medusa heads checkpoint reference (any supported layout)")
-    parser.add_argument("--prompts", required=True, help="prompt set name or JSONL file to measure on")
-    parser.add_argument("--num-prompts", type=int, default=80)
-    parser.add_argument("--n-shot", type=int, default=0, help="GSM8K exemplars per prompt")
-    parser.add_argument("--max-new-tokens", type=int, default=128, help="greedy continuation length per prompt")
-    parser.add_argument("--nodes", type=int, default=63, help="tree size in nodes (the root is extra)")
-    parser.add_argument("--top-k", type=int, default=10, help="candidates per head considered")
-    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--output", required=True, help="tree JSON to write (atomically)")
-    parser.add_argument("-q", "--quiet", action="store_true")
+    """The flags, each value checked at parse time (a bad one is refused naming the flag); defaults are written
+    into the help by hand, so each shows once."""
+    parser.add_argument("--target", required=True, metavar="REF",
+                        help="required: target model reference (local dir, hub id, specbench-ref/...)")
+    parser.add_argument("--medusa", required=True, metavar="REF",
+                        help="required: Medusa heads checkpoint reference (any supported layout)")
+    parser.add_argument("--prompts", required=True, metavar="NAME|FILE",
+                        help="required: prompt set name or JSONL file to measure on")
+    parser.add_argument("--num-prompts", type=argument_type("num_prompts"), default=80, metavar="N",
+                        help="prompts to measure on (default 80)")
+    parser.add_argument("--n-shot", type=argument_type("n_shot"), metavar="N",
+                        help="GSM8K exemplars per prompt, --prompts gsm8k only (default 0)")
+    parser.add_argument("--max-new-tokens", type=argument_type("max_new_tokens"), default=128, metavar="N",
+                        help="greedy continuation length per prompt (default 128)")
+    parser.add_argument("--nodes", type=COUNT, default=63, metavar="N",
+                        help="tree size in nodes, an integer >= 1; the root is extra (default 63)")
+    parser.add_argument("--top-k", type=COUNT, default=10, metavar="K",
+                        help="candidates per head considered, an integer >= 1 (default 10)")
+    parser.add_argument("--dtype", default="float32", choices=DTYPE_NAMES, help="dtype (default float32)")
+    parser.add_argument("--device", default="cpu", type=parse_device,
+                        help="torch device: cpu, cuda, cuda:N or mps (default cpu)")
+    parser.add_argument("--output", required=True, metavar="FILE", help="required: tree JSON to write (atomically)")
+    parser.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
+
+
+def _prompts(args: argparse.Namespace) -> dict:
+    prompts = {"name": args.prompts, "num_prompts": args.num_prompts}
+    if args.prompts == "gsm8k":
+        prompts["n_shot"] = args.n_shot if args.n_shot is not None else 0
+    elif args.n_shot is not None:
+        raise ValueError(f"--n-shot applies to --prompts gsm8k only, not {args.prompts!r}; drop --n-shot")
+    return prompts
 
 
 def run(args: argparse.Namespace) -> int:
@@ -63,8 +85,7 @@ def run(args: argparse.Namespace) -> int:
 
     case = Case(
         name="calibration", suite="calibrate", target=args.target,
-        proposer={"name": "medusa", "path": args.medusa},
-        prompts={"name": args.prompts, "num_prompts": args.num_prompts, "n_shot": args.n_shot},
+        proposer={"name": "medusa", "path": args.medusa}, prompts=_prompts(args),
         dtype=args.dtype, device=args.device, max_new_tokens=args.max_new_tokens,
     )
     paths, metadata = calibrate_for_checkpoint(case, num_nodes=args.nodes, top_k=args.top_k, progress=not args.quiet)

@@ -1,11 +1,15 @@
 """Case definitions: target x proposer x prompt set x sampling x dtype/device x max tokens.
 
 Cases are plain dicts or TOML tables (``[[case]]`` entries of ``specbench/cases/<suite>.toml``);
-the CLI and the pytest suites read the same files.
+the CLI and the pytest suites read the same files. The legal values of the fields a command line can set
+(VALUE_RULES) are stated once here, for case files and for ``specbench run`` / ``calibrate-tree`` flags alike;
+:func:`with_overrides` applies a command line's changes to a stored case and renames it after them.
 """
 
 from __future__ import annotations
 
+import argparse
+import math
 import os
 import re
 import sys
@@ -20,6 +24,36 @@ else:  # pragma: no cover
 
 DEFAULT_TARGET = "specbench-tiny/random-llama"
 CASES_PACKAGE_DIR = "cases"
+DTYPE_NAMES = ("float32", "bfloat16", "float16")  # harness.DTYPES, named here without importing torch
+DEFAULT_N_SHOT = 1  # what harness.load_prompt_ids uses when a gsm8k case leaves n_shot out
+# a 32-bit seed, as numpy takes: prompt i runs with seed + i, which stays far from torch's signed 64-bit limit
+MAX_SEED = 2**32 - 1
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+# field -> (test, what is expected): the one statement of the legal values, in case files and on the command line
+VALUE_RULES = {
+    "name": (lambda v: isinstance(v, str) and bool(v.strip()) and "/" not in v, "a non-empty string without '/'"),
+    "max_new_tokens": (lambda v: _is_int(v) and v >= 1, "an integer >= 1"),
+    "num_prompts": (lambda v: _is_int(v) and v >= 1, "an integer >= 1"),
+    "n_shot": (lambda v: _is_int(v) and v >= 0, "an integer >= 0"),
+    "num_speculative_tokens": (lambda v: _is_int(v) and v >= 1, "an integer >= 1"),
+    "seed": (lambda v: _is_int(v) and 0 <= v <= MAX_SEED, "an integer from 0 to 2**32 - 1"),
+    "temperature": (lambda v: _is_number(v) and v >= 0, "a number >= 0 (0 = greedy)"),
+    "dtype": (lambda v: v in DTYPE_NAMES, f"one of {', '.join(DTYPE_NAMES)}"),
+    "device": (lambda v: isinstance(v, str) and bool(v), "a torch device name such as cpu, cuda or cuda:1"),
+    "ignore_eos": (lambda v: isinstance(v, bool), "true or false"),
+}
+# where each rule's field lives in a case: top level, or inside its prompts / sampling / proposer table
+_NESTED_FIELDS = {"num_prompts": "prompts", "n_shot": "prompts", "temperature": "sampling",
+                  "num_speculative_tokens": "proposer"}
 
 
 @dataclass
@@ -66,10 +100,123 @@ class Case:
             raise ValueError(f"{origin}: 'proposer' must be a table with a 'name' key, got {data.get('proposer')!r}")
         if not isinstance(data.get("prompts", {}), dict) or "name" not in data.get("prompts", {"name": 1}):
             raise ValueError(f"{origin}: 'prompts' must be a table with a 'name' key, got {data.get('prompts')!r}")
+        if not isinstance(data.get("sampling", {}), dict):
+            raise ValueError(f"{origin}: 'sampling' must be a table (e.g. {{ temperature = 0.7 }}), "
+                             f"got {data['sampling']!r}")
+        _check_values(data, origin)
         return cls(**data)
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+def _check_value(key: str, value, origin: str, label: str | None = None) -> None:
+    test, expected = VALUE_RULES[key]
+    if not test(value):
+        raise ValueError(f"{origin}: {label or key} must be {expected}, found {value!r}")
+
+
+def _check_values(data: dict, origin: str) -> None:
+    """Each VALUE_RULES field the case sets holds a legal value, else a ValueError naming it."""
+    for key in VALUE_RULES:
+        table = _NESTED_FIELDS.get(key)
+        where = (data.get(table) or {}) if table else data
+        if key in where:
+            _check_value(key, where[key], origin, f"{table}.{key}" if table else key)
+
+
+def argument_type(key: str, convert=int):
+    """An argparse ``type=`` for the case field ``key``: ``convert`` the text, then hold it to VALUE_RULES, so
+    that a bad value is refused with the flag, the value and what is expected (exit status 2)."""
+    test, expected = VALUE_RULES[key]
+
+    def parse(text: str):
+        try:
+            value = convert(text)
+        except ValueError:
+            value = None
+        if value is None or not test(value):
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
+        return value
+
+    parse.__name__ = key
+    return parse
+
+
+def parse_device(text: str) -> str:
+    """argparse ``type=`` for a torch device this machine has: cpu, cuda, cuda:N (N below the device count), mps."""
+    import torch
+
+    try:
+        device = torch.device(text)
+    except (RuntimeError, ValueError):
+        device = None
+    if device is None or device.type not in ("cpu", "cuda", "mps"):
+        raise argparse.ArgumentTypeError(f"expected cpu, cuda, cuda:N or mps, got {text!r}")
+    if device.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            raise argparse.ArgumentTypeError(f"{text!r} needs a CUDA device and this machine has none "
+                                             "(torch.cuda.is_available() is False); use --device cpu")
+        if device.index is not None and device.index >= count:
+            raise argparse.ArgumentTypeError(f"{text!r}: this machine has {count} CUDA device(s), cuda:0 to "
+                                             f"cuda:{count - 1}")
+    if device.type == "mps" and not torch.backends.mps.is_available():
+        raise argparse.ArgumentTypeError(f"{text!r}: MPS is not available on this machine; use --device cpu")
+    return text
+
+
+# the run settings `specbench run` can change on a stored case, in the order a changed case's name lists them
+OVERRIDABLE = ("max_new_tokens", "num_prompts", "n_shot", "temperature", "seed", "ignore_eos", "dtype", "device")
+
+
+def run_settings(case: "Case") -> dict:
+    """The OVERRIDABLE settings of ``case`` as a run applies them (a field the case leaves out at its default)."""
+    return {
+        "max_new_tokens": case.max_new_tokens, "num_prompts": case.prompts.get("num_prompts"),
+        "n_shot": case.prompts.get("n_shot", DEFAULT_N_SHOT), "temperature": case.sampling.get("temperature", 0.0),
+        "seed": case.seed, "ignore_eos": case.ignore_eos, "dtype": case.dtype, "device": case.device,
+    }
+
+
+def _shown(value) -> str:
+    """A setting as a changed case's name shows it: TOML's true/false, floats without trailing zeros."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def with_overrides(case: "Case", overrides: dict) -> tuple["Case", dict]:
+    """(``case`` with ``overrides`` applied, the settings that changed); ``overrides`` maps OVERRIDABLE names to
+    values, None meaning "not given". A value equal to the case's own changes nothing.
+
+    A changed case is renamed after its changes, ``chain-k3[max_new_tokens=8,num_prompts=2]``: its case id is
+    not the stored case's, so it is never gated against, stored as, or plotted with the stored case's baseline
+    and history. It also loses ``quality_baseline`` (a twin's quality baseline is no more its own), and
+    ``min_gpu_gib`` when it leaves CUDA.
+    """
+    unknown = sorted(set(overrides) - set(OVERRIDABLE))
+    if unknown:
+        raise ValueError(f"cannot override {unknown} of a case; overridable: {', '.join(OVERRIDABLE)}")
+    given = {key: value for key, value in overrides.items() if value is not None}
+    for key, value in given.items():
+        _check_value(key, value, f"override of {case.case_id}")
+    if "n_shot" in given and case.prompts.get("name") != "gsm8k":
+        raise ValueError(f"n_shot applies to the gsm8k prompt set only, and case {case.case_id} uses "
+                         f"{case.prompts.get('name')!r}; drop the n_shot override (--n-shot)")
+    current = run_settings(case)
+    changed = {key: given[key] for key in OVERRIDABLE if key in given and given[key] != current[key]}
+    if not changed:
+        return case, {}
+    data = case.to_dict()  # asdict copies the nested tables
+    for key, value in changed.items():
+        table = _NESTED_FIELDS.get(key)
+        (data[table] if table else data)[key] = value
+    data["name"] = f"{case.name}[{','.join(f'{key}={_shown(value)}' for key, value in changed.items())}]"
+    data["quality_baseline"] = None
+    if not data["device"].startswith("cuda"):
+        data["min_gpu_gib"] = None
+    return Case.from_dict(data, origin=f"{case.case_id} with overrides"), changed
 
 
 def builtin_suites() -> list[str]:
@@ -83,7 +230,11 @@ def load_suite(spec: str) -> list[Case]:
         resource = resources.files("specbench").joinpath(CASES_PACKAGE_DIR, f"{spec}.toml")
         text, origin, default_suite = resource.read_text(encoding="utf-8"), f"specbench/cases/{spec}.toml", spec
     elif spec.endswith(".toml") and Path(spec).is_file():
-        text, origin, default_suite = Path(spec).read_text(encoding="utf-8"), spec, Path(spec).stem
+        try:
+            text, origin, default_suite = Path(spec).read_text(encoding="utf-8"), spec, Path(spec).stem
+        except UnicodeDecodeError as err:
+            raise ValueError(f"{spec}: not UTF-8 text ({err.reason} at byte {err.start}); "
+                             "TOML files must be UTF-8") from None
     else:
         raise ValueError(f"unknown suite {spec!r}; built-in suites: {', '.join(builtin_suites())}, or a path to a .toml case file")
     try:
@@ -128,11 +279,16 @@ def expand_ref(ref: str, *, key: str = "target") -> str:
     return expanded
 
 
-def unmet_requirements(case: Case) -> str | None:
-    """Why this machine cannot run ``case`` (no CUDA, too little GPU memory), or None."""
+def hardware_shortfall(case: Case) -> str | None:
+    """What this machine lacks to run ``case`` ("no CUDA device", too little GPU memory), or None."""
     if not case.device.startswith("cuda") and not case.min_gpu_gib:
         return None
     from specbench import env
 
-    shortfall = env.gpu_shortfall(case.min_gpu_gib or 0.0, env.gpu_inventory())
+    return env.gpu_shortfall(case.min_gpu_gib or 0.0, env.gpu_inventory())
+
+
+def unmet_requirements(case: Case) -> str | None:
+    """Why this machine cannot run ``case``, naming it (no CUDA, too little GPU memory), or None."""
+    shortfall = hardware_shortfall(case)
     return f"{case.case_id} (device={case.device!r}): {shortfall}" if shortfall else None

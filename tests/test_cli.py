@@ -9,6 +9,12 @@ import pytest
 from specbench.cli import main
 
 
+@pytest.fixture(autouse=True)
+def history_in_tmp(tmp_path, monkeypatch):
+    """`specbench run` records every run in the default history: keep these runs out of the repo's."""
+    monkeypatch.setenv("SPECBENCH_HISTORY_DIR", str(tmp_path / "history"))
+
+
 def test_explicit_run_writes_a_complete_result(tmp_path, capsys):
     out = tmp_path / "result.json"
     code = main([

@@ -154,6 +154,7 @@ class StaticTarget:
     def _allocate(self, capacity: int) -> None:
         s = self.module.shape
         self._captured.clear()  # graphs read the old cache's addresses
+        self._graph_pool = None  # a pool whose graphs are all gone cannot take a new capture
         self._cache = None  # free the old cache before allocating its successor
         self._cache = StaticKVCache(s.num_layers, s.num_kv_heads, capacity, s.head_dim, dtype=self.dtype, device=self.device)
         self._pending = None

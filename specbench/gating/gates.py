@@ -70,6 +70,11 @@ LOW_PRECISION_DTYPES = ("bfloat16", "bf16", "float16", "fp16", "half")
 STATUSES = ("pass", "regression", "improvement", "no_baseline", "skipped", "fail")
 # "fail" is for absolute requirements (lossless correctness) that need no baseline
 FAILING_STATUSES = ("regression", "fail")
+# what a brief report still shows line by line; the other statuses are counted by skip_summary
+NOTEWORTHY_STATUSES = ("regression", "fail", "improvement")
+CPU_SPEED_NOT_GATED = ("CPU timings on shared machines are too noisy to gate; reported only "
+                       "(set gate_speed = true in the case to gate)")
+CORRECTNESS_CHECKS = ("exact_match", "match_fraction")
 
 
 def resolve_tolerances(*overrides: dict | None) -> dict:
@@ -178,14 +183,26 @@ class GateReport:
                 return c
         raise KeyError(f"no check {name!r} in the report of {self.case_id}; have {[c.name for c in self.checks]}")
 
-    def format(self, *, only_problems: bool = False) -> str:
+    @property
+    def correctness(self) -> MetricCheck | None:
+        """The lossless check (``exact_match`` in fp32, ``match_fraction`` in bf16/fp16), None if absent."""
+        return next((c for c in self.checks if c.name in CORRECTNESS_CHECKS), None)
+
+    def headline(self) -> str:
+        """One line: case id, verdict, the count of each status, and the baseline it was gated against."""
         counts = {s: sum(c.status == s for c in self.checks) for s in STATUSES}
         summary = ", ".join(f"{n} {s}" for s, n in counts.items() if n)
-        lines = [f"{self.case_id}: {'PASSED' if self.passed else 'FAILED'} ({summary or 'no checks'})"
-                 + (f" against {self.baseline_path}" if self.baseline_path else "")
-                 + (f" (quality against {self.quality_baseline})" if self.quality_baseline else "")]
+        return (f"{self.case_id}: {'PASSED' if self.passed else 'FAILED'} ({summary or 'no checks'})"
+                + (f" against {self.baseline_path}" if self.baseline_path else "")
+                + (f" (quality against {self.quality_baseline})" if self.quality_baseline else ""))
+
+    def format(self, *, only_problems: bool = False, brief: bool = False) -> str:
+        """The headline and a line per check: every check, only those that did not pass (``only_problems``),
+        or only regressions, failures and improvements (``brief``; :func:`skip_summary` counts the rest)."""
+        lines = [self.headline()]
         for c in self.checks:
-            if not only_problems or c.status != "pass":
+            shown = c.status in NOTEWORTHY_STATUSES if brief else not only_problems or c.status != "pass"
+            if shown:
                 lines.append("  " + c.message())
         return "\n".join(lines)
 
@@ -193,6 +210,42 @@ class GateReport:
         return {"case_id": self.case_id, "hardware_class": self.hardware_class, "passed": self.passed,
                 "baseline_path": self.baseline_path, "has_baseline": self.has_baseline,
                 "quality_baseline": self.quality_baseline, "checks": [c.to_dict() for c in self.checks]}
+
+
+def _plural(count: int, noun: str) -> str:
+    return f"{count} {noun if count == 1 else noun + 's'}"
+
+
+def _skip_kind(check: MetricCheck) -> str | None:
+    if check.status == "skipped" and check.reason == CPU_SPEED_NOT_GATED:
+        return "cpu_speed"
+    return check.status if check.status in ("no_baseline", "skipped") else None
+
+
+def skip_summary(reports: list[GateReport]) -> list[str]:
+    """One line per kind of check that a brief report leaves out, counting cases and checks: speed not gated
+    on CPU, metrics without a baseline (naming the baseline file when there is one), other skips."""
+    found: dict[str, list[tuple[GateReport, MetricCheck]]] = {"cpu_speed": [], "no_baseline": [], "skipped": []}
+    for report in reports:
+        for check in report.checks:
+            kind = _skip_kind(check)
+            if kind:
+                found[kind].append((report, check))
+    lines = []
+    for kind, items in found.items():
+        if not items:
+            continue
+        cases = _plural(len({report.case_id for report, _ in items}), "case")
+        if kind == "cpu_speed":
+            lines.append(f"speed not gated on CPU for {cases} ({_plural(len(items), 'metric')}): shared machines "
+                         "are too noisy (set gate_speed = true in a case to gate it)")
+        elif kind == "no_baseline":
+            paths = sorted({report.baseline_path for report, _ in items if report.baseline_path})
+            where = f" in {paths[0]}" if len(paths) == 1 else ""
+            lines.append(f"no baseline for {cases} ({_plural(len(items), 'metric')}){where}")
+        else:
+            lines.append(f"{_plural(len(items), 'check')} of {cases} skipped")
+    return lines
 
 
 def judge(direction: str, baseline: float | None, measured: float | None, tolerance: float,
@@ -297,9 +350,8 @@ def compare_entry(result: dict, entry: dict | None, *, tolerances: dict | None =
             check.status, check.reason = "skipped", "not measured in this run"
         elif name in SPEED_METRICS and not _gate_speed(case, hardware_class):
             check.baseline = _measured(base_metrics, name, position)
-            check.status, check.reason = "skipped", (
-                "CPU timings on shared machines are too noisy to gate; reported only (set gate_speed = true in the case to gate)"
-                if hardware_class == "cpu" else "speed gating is off for this case (gate_speed = false)")
+            check.status, check.reason = "skipped", (CPU_SPEED_NOT_GATED if hardware_class == "cpu"
+                                                     else "speed gating is off for this case (gate_speed = false)")
         elif name in QUALITY_METRICS and case.get("gate_quality") is False:
             check.baseline = _measured(base_metrics, name, position)
             check.status, check.reason = "skipped", "quality gating is off for this case (gate_quality = false)"

@@ -20,6 +20,7 @@ from specbench.gating.history import (
     load_history,
     result_from_row,
 )
+from specbench.report.status import plural
 
 REPORT_EPILOG = """examples:
   specbench report                                     # HTML dashboard in ./specbench-report/index.html
@@ -107,16 +108,16 @@ def cmd_check(args: argparse.Namespace) -> int:
         print(report.format() + f"\n  (from {source})")
     if args.results and args.history:
         path = append_results(args.history, [r for _, r in runs], gate_reports=reports)
-        print(f"recorded {len(runs)} runs in {path}")
+        print(f"recorded {plural(len(runs), 'run')} in {path}")
     if failures:
-        print(f"\nspecbench check: {len(failures)} failing checks in "
-              f"{sum(not r.passed for r in reports)} of {len(reports)} cases:")
+        print(f"\nspecbench check: {plural(len(failures), 'failing check')} in "
+              f"{sum(not r.passed for r in reports)} of {plural(len(reports), 'case')}:")
         for c in failures:
             tolerance = "n/a (absolute requirement)" if c.tolerance is None else f"{c.tolerance * 100:g}%"
             print(f"  {c.case_id}: {c.name} {c.status}: baseline {_number(c.baseline)}, measured "
                   f"{_number(c.measured)}, tolerance {tolerance}" + (f" ({c.reason})" if c.reason else ""))
         return 1
-    print(f"\nspecbench check: all {len(reports)} cases pass")
+    print(f"\nspecbench check: {'1 case passes' if len(reports) == 1 else f'all {len(reports)} cases pass'}")
     return 0
 
 
@@ -133,15 +134,37 @@ def report_payload(history, regressions, status, source: str) -> dict:
             "regressions": [r.to_dict() for r in regressions], "status": [row.to_dict() for row in status]}
 
 
+NOTHING_RECORDED = ("specbench report: nothing recorded yet in {directory}: `specbench run` records every run there "
+                    "(unless --no-history), as does `pytest suites/` (unless --specbench-no-history); run one, then "
+                    "`specbench report` again")
+
+
+def _history(args: argparse.Namespace):
+    """(history directory, its DataFrame or None when nothing is recorded yet: an empty directory, or no default
+    one). A --history DIR that does not exist is bad input: most likely a mistyped path."""
+    history_dir = Path(args.history) if args.history else default_history_dir()
+    if not history_dir.is_dir():
+        if args.history:
+            raise HistoryError(f"history directory {history_dir} does not exist; pass the directory that "
+                               "`specbench run --history DIR` or `pytest --specbench-history DIR` recorded into, "
+                               "or leave --history out for the default one")
+        return history_dir, None
+    history = load_history(history_dir)
+    return history_dir, None if history.empty else history
+
+
 def cmd_report(args: argparse.Namespace) -> int:
     from specbench.report.changes import detect_regressions
     from specbench.report.status import status_rows
 
     if args.screenshot and args.format != "html":
         raise HistoryError("--screenshot renders the HTML report; drop --format or use --format html")
-    history_dir = Path(args.history) if args.history else default_history_dir()
-    history = load_history(history_dir)
     store = _store(args.baselines, required=False)
+    history_dir, history = _history(args)
+    if history is None:
+        # nothing is wrong with the input, there is just nothing to show yet
+        print(NOTHING_RECORDED.format(directory=history_dir), file=sys.stderr)
+        return 0
     case_ids = history["case_id"].unique().tolist()
     overrides = {c: (store.entry(c) or {}).get("tolerances") for c in case_ids} if store else {}
     regressions = detect_regressions(history, baseline_tolerances=overrides)
@@ -157,7 +180,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
     path = write_html_report(args.out or "specbench-report",
                              render_html(history, regressions, status, source=str(history_dir)))
-    print(f"wrote {path} ({len(history)} runs, {len(regressions)} flagged regressions)")
+    print(f"wrote {path} ({plural(len(history), 'run')}, {plural(len(regressions), 'flagged regression')})")
     if args.screenshot:
         from specbench.report.screenshot import BrowserUnavailable, capture
 
@@ -182,13 +205,21 @@ def _emit(text: str, out: str | None, name: str) -> int:
     return 0
 
 
+def one_line(err: BaseException) -> str:
+    """An error's message in one line: an OS error as "FILE: reason; what to do", several lines joined by "; "."""
+    if isinstance(err, OSError) and err.errno is not None and err.filename:
+        return f"{err.filename}: {err.strerror}; check the path and its permissions"
+    return "; ".join(line.strip() for line in str(err).splitlines() if line.strip()) or type(err).__name__
+
+
 def _guarded(command):
     """Bad input (unreadable files, broken baselines or history) -> one line on stderr and exit status 2."""
     def run(args: argparse.Namespace) -> int:
         try:
             return command(args)
-        except (ValueError, BaselineError, FileNotFoundError) as err:  # HistoryError is a ValueError
-            print(f"specbench {args.command}: error: {err}", file=sys.stderr)
+        # HistoryError is a ValueError; OSError: a file or directory that cannot be read (or written)
+        except (ValueError, BaselineError, OSError) as err:
+            print(f"specbench {args.command}: error: {one_line(err)}", file=sys.stderr)
             return 2
     return run
 
@@ -201,12 +232,14 @@ def add_report_subcommands(subparsers) -> None:
         "and compare the latest run of each case with its baseline.",
         formatter_class=argparse.RawDescriptionHelpFormatter, epilog=REPORT_EPILOG)
     report.add_argument("--history", metavar="DIR", help="history directory (default: $SPECBENCH_HISTORY_DIR or "
-                        "<repo>/.specbench/history)")
+                        "<repo>/.specbench/history, where `specbench run` records every run)")
     report.add_argument("--out", metavar="DIR", help="output folder (html default: specbench-report; markdown and "
                         "json print to stdout unless given)")
     report.add_argument("--baselines", metavar="DIR", help="baseline directory (default: $SPECBENCH_BASELINES_DIR "
                         "or <repo>/baselines; when absent the gate outcome recorded with each run is shown)")
-    report.add_argument("--format", choices=("html", "markdown", "json"), default="html")
+    report.add_argument("--format", choices=("html", "markdown", "json"), default="html",
+                        help="html: a static dashboard folder; markdown: a CI summary; json: machine-readable "
+                        "(default html)")
     report.add_argument("--screenshot", metavar="PNG", help="also render the HTML page in headless Chromium to PNG")
     report.set_defaults(func=_guarded(cmd_report))
 
