@@ -291,6 +291,24 @@ def test_cuda_graph_replay_equals_the_eager_forward(dtype):
     assert set(graphed._captured) == {"plain", "chain", "tree"} and graphed.capture_seconds > 0
 
 
+@pytest.mark.large_gpu(min_gb=1)
+def test_compiled_graphs_decode_as_the_eager_forward():
+    """torch.compile fuses kernels and may reorder fp32 sums (~1e-6); the reference model's greedy margins
+    are far wider, so tokens and counters must still equal the eager static forward's."""
+    model = load_target_model("specbench-ref/gsm8k-tiny", dtype=torch.float32, device="cuda")
+    compiled = StaticTarget.from_hf_model(model, compile=True)
+    eager = StaticTarget.from_hf_model(model, cuda_graphs=False)
+    prompt = torch.tensor(list(range(5, 40)))
+    heads = MedusaProposer.from_options(compiled, path="specbench-ref/gsm8k-tiny-medusa", num_speculative_tokens=3).heads
+    for target in (compiled, eager):
+        target.reserve(prompt.numel() + MAX_NEW + 63, 0)
+    for use in (None, {"num_speculative_tokens": 3}, {"tree": "gsm8k-tiny-63"}):
+        want = decode(eager, use and MedusaProposer.from_options(eager, heads=heads, **use), prompt, reserve=True)
+        got = decode(compiled, use and MedusaProposer.from_options(compiled, heads=heads, **use), prompt, reserve=True)
+        assert got.output_token_ids == want.output_token_ids
+        assert got.counters == want.counters
+
+
 # --- refusals and overflow -----------------------------------------------------------------------------
 
 
