@@ -25,6 +25,9 @@ else:  # pragma: no cover
 DEFAULT_TARGET = "specbench-tiny/random-llama"
 CASES_PACKAGE_DIR = "cases"
 DTYPE_NAMES = ("float32", "bfloat16", "float16")  # harness.DTYPES, named here without importing torch
+# eager: HFTarget over any transformers causal LM (the reference); static: StaticTarget, the Llama family on a
+# preallocated cache with one CUDA graph per verify width (the fast path; docs/engines.md)
+ENGINE_NAMES = ("eager", "static")
 DEFAULT_N_SHOT = 1  # what harness.load_prompt_ids uses when a gsm8k case leaves n_shot out
 # a 32-bit seed, as numpy takes: prompt i runs with seed + i, which stays far from torch's signed 64-bit limit
 MAX_SEED = 2**32 - 1
@@ -50,6 +53,7 @@ VALUE_RULES = {
     "dtype": (lambda v: v in DTYPE_NAMES, f"one of {', '.join(DTYPE_NAMES)}"),
     "device": (lambda v: isinstance(v, str) and bool(v), "a torch device name such as cpu, cuda or cuda:1"),
     "ignore_eos": (lambda v: isinstance(v, bool), "true or false"),
+    "engine": (lambda v: v in ENGINE_NAMES, f"one of {', '.join(ENGINE_NAMES)}"),
 }
 # where each rule's field lives in a case: top level, or inside its prompts / sampling / proposer table
 _NESTED_FIELDS = {"num_prompts": "prompts", "n_shot": "prompts", "temperature": "sampling",
@@ -70,6 +74,7 @@ class Case:
     dtype: str = "float32"
     device: str = "cpu"
     max_new_tokens: int = 64
+    engine: str = "eager"  # ENGINE_NAMES: which Target runs the case
     seed: int = 0
     ignore_eos: bool = False
     # per-metric gate tolerance overrides, e.g. {"acceptance_rate": 0.03}
@@ -167,7 +172,8 @@ def parse_device(text: str) -> str:
 
 
 # the run settings `specbench run` can change on a stored case, in the order a changed case's name lists them
-OVERRIDABLE = ("max_new_tokens", "num_prompts", "n_shot", "temperature", "seed", "ignore_eos", "dtype", "device")
+OVERRIDABLE = ("max_new_tokens", "num_prompts", "n_shot", "temperature", "seed", "ignore_eos", "dtype", "device",
+               "engine")
 
 
 def run_settings(case: "Case") -> dict:
@@ -176,6 +182,7 @@ def run_settings(case: "Case") -> dict:
         "max_new_tokens": case.max_new_tokens, "num_prompts": case.prompts.get("num_prompts"),
         "n_shot": case.prompts.get("n_shot", DEFAULT_N_SHOT), "temperature": case.sampling.get("temperature", 0.0),
         "seed": case.seed, "ignore_eos": case.ignore_eos, "dtype": case.dtype, "device": case.device,
+        "engine": case.engine,
     }
 
 

@@ -18,6 +18,7 @@ from specbench.checkpoints.tiny import BUILTIN_TARGETS
 from specbench.engine.decode import Decoder, GenerationConfig, GenerationResult
 from specbench.engine.hf_target import HFTarget
 from specbench.engine.sampling import SamplingParams
+from specbench.engine.static_target import StaticTarget
 from specbench.env import environment_fingerprint
 from specbench.metrics import aggregate
 from specbench.prompts import load_prompts, synthetic_prompts
@@ -34,21 +35,26 @@ def parse_dtype(name: str) -> torch.dtype:
 
 
 def load_target(case: Case):
-    """(HFTarget, tokenizer or None) for the case's target reference."""
+    """(target, tokenizer or None) for the case's target reference, on the case's engine: HFTarget
+    (eager) or StaticTarget (static; the Llama family, refused naming the model_type otherwise)."""
     dtype = parse_dtype(case.dtype)
     if case.target in BUILTIN_TARGETS:
-        return HFTarget(BUILTIN_TARGETS[case.target](dtype).to(case.device)), None
+        model = BUILTIN_TARGETS[case.target](dtype).to(case.device)
+        return (StaticTarget.from_hf_model(model) if case.engine == "static" else HFTarget(model)), None
     from specbench.checkpoints.resolve import load_target_model, resolve_model_dir
 
     reference = expand_ref(case.target)
-    model = load_target_model(reference, dtype=dtype, device=case.device)
+    if case.engine == "static":
+        target = StaticTarget.from_pretrained(reference, dtype=dtype, device=case.device)
+    else:
+        target = HFTarget(load_target_model(reference, dtype=dtype, device=case.device))
     directory = resolve_model_dir(reference)
     tokenizer = None
     if any((directory / name).exists() for name in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
         from transformers import AutoTokenizer
 
         tokenizer = AutoTokenizer.from_pretrained(directory)
-    return HFTarget(model), tokenizer
+    return target, tokenizer
 
 
 def load_prompt_ids(case: Case, tokenizer, vocab_size: int) -> tuple[list[tuple[str, list[int]]], dict]:
@@ -193,6 +199,10 @@ def run_case(case: Case, *, progress: bool = True, target=None, tokenizer=None) 
     plain_decoder = Decoder(target, None, config)
     spec_decoder = Decoder(target, proposer, config)
     prompts, prompt_source = load_prompt_ids(case, tokenizer, target.vocab_size)
+    # the longest request's cache before the warm-up: a static target that grew mid-run would allocate
+    # and capture its graphs inside a timed request
+    room = proposer.max_draft_tokens if proposer else 0
+    target.reserve(max(len(ids) for _, ids in prompts) + case.max_new_tokens + room, room)
 
     # warm-up: first calls pay for allocator growth and kernel selection; keep them out of timings
     warm = GenerationConfig(max_new_tokens=min(4, case.max_new_tokens), sampling=sampling, seed=case.seed)
@@ -216,6 +226,7 @@ def run_case(case: Case, *, progress: bool = True, target=None, tokenizer=None) 
         [r.output_token_ids for r in plain_results], [r.output_token_ids for r in spec_results], checked=sampling.rule == "greedy"
     )
     env = environment_fingerprint(device=case.device, dtype=case.dtype)
-    details = {"proposer": proposer.describe() if proposer else {"name": "none"}, "prompts": prompt_source}
+    details = {"proposer": proposer.describe() if proposer else {"name": "none"}, "prompts": prompt_source,
+               "engine": {"name": case.engine, "capture_seconds": getattr(target, "capture_seconds", 0.0)}}
     created_at = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     return RunResult(case, metrics, records, correctness, env, details, created_at)

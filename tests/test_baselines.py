@@ -318,3 +318,13 @@ def test_concurrent_updaters_lose_no_case(tmp_path):
         _, stderr = writer.communicate(timeout=60)
         assert writer.returncode == 0, stderr
     assert sorted(_stored(tmp_path / "store")["cases"]) == [f"case-{k}" for k in range(4)]
+
+
+def test_a_baseline_stored_before_a_case_key_existed_still_matches_its_case():
+    """baselines/*.json predating the ``engine`` key ran on the eager engine: they match an eager case,
+    and a static case of the same name is a different definition (its own baseline is needed)."""
+    from specbench.gating.baselines import case_changes
+
+    stored = {"name": "chain-k3", "suite": "medusa", "dtype": "float32"}  # written before `engine` existed
+    assert case_changes(stored, {**stored, "engine": "eager"}) == []
+    assert case_changes(stored, {**stored, "engine": "static"}) == ["engine: baseline 'eager', now 'static'"]

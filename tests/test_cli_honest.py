@@ -451,3 +451,16 @@ def test_quiet_silences_the_libraries_progress_bars(fake_run, monkeypatch):
         transformers_logging.enable_progress_bar()
         transformers_logging.set_verbosity(verbosity)
         hub_utils.enable_progress_bars()
+
+
+def test_engine_flag_overrides_a_stored_case_and_is_validated(capsys):
+    """--engine static runs a stored case on StaticTarget under its own name (never against the eager baseline)."""
+    from specbench.cli import build_parser, main
+    from specbench.cli.run_command import _cases_to_run
+
+    args = build_parser().parse_args(["run", "medusa/chain-k3", "--engine", "static", "--no-history"])
+    (case,), changed = _cases_to_run(args)
+    assert (case.engine, case.case_id) == ("static", "medusa/chain-k3[engine=static]")
+    assert changed == {"medusa/chain-k3[engine=static]": {"engine": "static"}}
+    assert main(["run", "--engine", "fast"]) == 2
+    assert "argument --engine: invalid choice: 'fast'" in capsys.readouterr().err

@@ -37,3 +37,18 @@ def test_nothing_heavy_was_imported():
 """)
     result = pytester.runpytest_subprocess("-m", "not large_gpu", "-p", "no:cacheprovider", timeout=120)
     result.assert_outcomes(passed=1, deselected=1)
+
+
+def test_no_module_imports_a_posix_only_locking_module():
+    """The plugin loads on Windows: file locking goes through specbench.file_lock (filelock), never fcntl."""
+    import ast
+    from pathlib import Path
+
+    package = Path(__file__).resolve().parent.parent / "specbench"
+    offenders = []
+    for path in package.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            offenders += [f"{path.relative_to(package.parent)}:{node.lineno}" for name in names if name in ("fcntl", "msvcrt")]
+    assert not offenders, f"use specbench.file_lock instead: {offenders}"

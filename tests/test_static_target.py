@@ -360,3 +360,27 @@ def test_context_overflow_names_the_lengths():
         target.reserve(17, 3)
     with pytest.raises(ValueError, match=r"context length exceeded: prompt \(10 tokens\) \+ max_new_tokens \(8\)"):
         Decoder(target, None, GenerationConfig(max_new_tokens=8)).generate(random_prompt(10, 1))
+
+
+# --- selection through the harness ------------------------------------------------------------------
+
+
+def test_engine_key_selects_the_static_target_and_decodes_as_eager():
+    """A case's ``engine`` picks the Target; both engines give the same tokens and counters per request,
+    and the result records which engine ran."""
+    from specbench.cases import Case
+    from specbench.harness import load_target, run_case
+
+    base = {"name": "chain", "suite": "t", "target": "specbench-ref/gsm8k-tiny", "max_new_tokens": 12,
+            "proposer": {"name": "medusa", "path": "specbench-ref/gsm8k-tiny-medusa", "num_speculative_tokens": 3},
+            "prompts": {"name": "gsm8k-embedded", "num_prompts": 2}}
+    eager = run_case(Case.from_dict({**base, "engine": "eager"}), progress=False).to_dict()
+    static = run_case(Case.from_dict({**base, "engine": "static"}), progress=False).to_dict()
+    assert isinstance(load_target(Case.from_dict({**base, "engine": "static"}))[0], StaticTarget)
+    assert (eager["details"]["engine"]["name"], static["details"]["engine"]["name"]) == ("eager", "static")
+    assert static["case"]["engine"] == "static"
+    fields = ("output_token_ids", "plain_output_token_ids", "num_drafts", "num_accepted_tokens", "accepted_per_position")
+    for want, got in zip(eager["requests"], static["requests"]):
+        assert {k: got[k] for k in fields} == {k: want[k] for k in fields}
+    with pytest.raises(ValueError, match=r"engine must be one of eager, static, found 'fast'"):
+        Case.from_dict({**base, "engine": "fast"})

@@ -10,7 +10,6 @@ in-place gather of the accepted nodes into contiguous slots. ``HFTarget`` stays 
 
 from __future__ import annotations
 
-import json
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -121,9 +120,11 @@ class StaticTarget:
         from transformers import AutoConfig
 
         from specbench.checkpoints.resolve import resolve_model_dir
+        from specbench.checkpoints.validate import check_finite, check_target_dir, read_json_object
 
         directory = resolve_model_dir(ref)
-        raw = json.loads((directory / "config.json").read_text())
+        check_target_dir(directory)  # config.json and every weights file whole, one line naming what is not
+        raw = read_json_object(directory / "config.json")
         if raw.get("model_type") not in SUPPORTED_MODEL_TYPES:  # before transformers, which may not know it either
             raise UnsupportedModel(
                 f"{directory}: the static engine cannot run model_type {raw.get('model_type')!r}; it supports "
@@ -134,6 +135,8 @@ class StaticTarget:
         module = StaticLlamaForCausalLM.from_state_dict(
             shape, _read_weights(directory), dtype=dtype, device=torch.device(device), source=str(directory)
         )
+        check_finite(module.named_parameters(), str(directory), "parameter",
+                     "the weights are corrupt or the model diverged: re-download or re-export it")
         return cls(module, config, max_context=max_context, source=str(directory), cuda_graphs=cuda_graphs, compile=compile)
 
     # -- cache ---------------------------------------------------------------------------------------
@@ -307,7 +310,7 @@ class StaticTarget:
 
 def _read_weights(directory: Path) -> dict[str, torch.Tensor]:
     """Every tensor of a checkpoint directory: safetensors (single or sharded) or torch pickles (weights_only)."""
-    from specbench.checkpoints.tensor_files import CheckpointError, open_tensor_file, torch_load_state_dict
+    from specbench.checkpoints.tensor_files import CheckpointError, open_tensor_file, shard_map, torch_load_state_dict
 
     for name in ("model.safetensors.index.json", "model.safetensors", "pytorch_model.bin"):
         if (directory / name).is_file():
@@ -315,11 +318,8 @@ def _read_weights(directory: Path) -> dict[str, torch.Tensor]:
             return read(keys)
     index = directory / "pytorch_model.bin.index.json"
     if index.is_file():
-        weight_map = json.loads(index.read_text()).get("weight_map", {})
         state: dict[str, torch.Tensor] = {}
-        for shard in sorted(set(weight_map.values())):
-            if Path(shard).name != shard:
-                raise CheckpointError(f"{index}: shard {shard!r} is not a file name in {directory}")
+        for shard in sorted(set(shard_map(index, ".bin").values())):
             state.update(torch_load_state_dict(directory / shard))
         return state
     raise CheckpointError(

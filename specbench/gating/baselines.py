@@ -190,9 +190,15 @@ def as_store(store) -> BaselineStore:
     return store if isinstance(store, BaselineStore) else BaselineStore(store)
 
 
+# case keys added after baselines were first stored -> the value a case recorded without the key ran with,
+# so an older baseline keeps matching its case (no hand edits; the next regeneration writes the key)
+ADDED_CASE_KEYS = {"engine": "eager"}  # before the static engine, every case ran on HFTarget
+
+
 def _defining(case: dict) -> dict:
     # canonical on both sides: the stored copy went through the same float rounding
-    return strict_json.json_safe({k: v for k, v in (case or {}).items() if k not in NON_DEFINING_CASE_KEYS}, FLOAT_SIGNIFICANT_DIGITS)
+    defining = {**ADDED_CASE_KEYS, **(case or {})}
+    return strict_json.json_safe({k: v for k, v in defining.items() if k not in NON_DEFINING_CASE_KEYS}, FLOAT_SIGNIFICANT_DIGITS)
 
 
 def case_changes(stored_case: dict, case: dict, *, ignore: tuple[str, ...] = ()) -> list[str]:

@@ -52,7 +52,7 @@ DIRECTIONS = {
     **dict.fromkeys(("time_to_first_token_s", "per_token_latency_s"), LOWER_IS_BETTER),
 }
 DEFAULT_TOLERANCES = {  # relative, overridable per case in the baseline file
-    # vLLM's per-position acceptance tolerance for its EAGLE-3 baselines (FIELD_NOTES §1)
+    # vLLM's per-position acceptance tolerance for its EAGLE-3 baselines (docs/metrics.md#gates)
     "acceptance_rate": 0.05, "mean_acceptance_length": 0.05, "per_position_acceptance_rate": 0.05,
     # spec and plain are timed in the same run on the same machine: clock, thermal and co-tenant drift
     # cancel to first order, scheduling jitter remains

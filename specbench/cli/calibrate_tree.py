@@ -1,7 +1,4 @@
-"""``specbench calibrate-tree``: a Medusa tree calibrated for a given checkpoint, so users are not
-stuck with trees tuned for Vicuna. Measures each head's top-k accuracy on the target's own greedy
-continuations of a prompt set, grows a tree greedily by expected acceptance (Medusa's method) to a
-node budget, and saves it as JSON with the measurements it came from."""
+"""``specbench calibrate-tree``: a Medusa tree calibrated for a checkpoint from measured head accuracies."""
 
 from __future__ import annotations
 
@@ -9,6 +6,11 @@ import argparse
 
 from specbench.cases import DTYPE_NAMES, Case, argument_type, parse_device
 from specbench.harness import load_prompt_ids, load_target
+
+DESCRIPTION = """``specbench calibrate-tree``: a Medusa tree calibrated for a given checkpoint, so users are not
+stuck with trees tuned for Vicuna. Measures each head's top-k accuracy on the target's own greedy
+continuations of a prompt set, grows a tree greedily by expected acceptance (Medusa's method) to a
+node budget, and saves it as JSON with the measurements it came from."""  # the --help text
 
 COUNT = argument_type("num_prompts")  # the case rule for "an integer >= 1", for the counts that are not case fields
 

@@ -1,0 +1,61 @@
+"""Which errors are the user's (one line, exit status 2), and tracing a library's load error to the damaged file."""
+
+from __future__ import annotations
+
+import json
+
+from specbench.cases import Case
+
+
+def _first_line(err: BaseException) -> str:
+    return (str(err).strip().splitlines() or [type(err).__name__])[0]
+
+
+def _damaged_file(case: Case) -> str | None:
+    """The first file of the case's model directories (target, proposer checkpoint) that does not parse, with
+    the reason: the libraries that read them (transformers, tokenizers) say what is wrong but not where."""
+    from safetensors import safe_open
+
+    from specbench.cases import expand_ref
+    from specbench.checkpoints.resolve import resolve_model_dir
+
+    for ref in filter(None, (case.target, case.proposer.get("path"))):
+        try:
+            directory = resolve_model_dir(expand_ref(ref))
+        except Exception:  # noqa: BLE001 - a reference that does not resolve was not what failed to parse
+            continue
+        for path in sorted(directory.glob("*.json")):
+            try:
+                json.loads(path.read_text(encoding="utf-8"))
+            except (ValueError, OSError) as err:
+                return f"{path}: not valid JSON ({_first_line(err)})"
+        for path in sorted(directory.glob("*.safetensors")):
+            try:
+                with safe_open(path, framework="pt"):
+                    pass
+            except Exception as err:  # noqa: BLE001 - SafetensorError and OSError alike mean "cannot be read"
+                return f"{path}: truncated or corrupt safetensors file ({_first_line(err)})"
+    return None
+
+
+def _load_error(case: Case, err: BaseException) -> ValueError:
+    """A one-line error for a model file that a library failed to read, naming the file where it can be found."""
+    damaged = _damaged_file(case)
+    if damaged:
+        return ValueError(f"{damaged}; re-download or re-export the model (case {case.case_id})")
+    models = " and ".join(repr(ref) for ref in filter(None, (case.target, case.proposer.get("path"))))
+    return ValueError(f"case {case.case_id}: a file of {models} could not be read ({type(err).__name__}: "
+                      f"{_first_line(err)}); check the files of those model directories, or re-download them")
+
+
+def _user_errors() -> tuple[type[BaseException], ...]:
+    """Errors caused by input (bad names, missing or damaged data, models, checkpoints, baselines): printed in
+    one line, exit status 2. ValueError covers CheckpointError (MedusaCheckpointError), InvalidModelRef and
+    HistoryError; OSError covers FileNotFoundError and ReferenceMissing, and unreadable files."""
+    from safetensors import SafetensorError
+
+    from specbench.checkpoints.resolve import ModelUnavailable
+    from specbench.gating.baselines import BaselineError
+    from specbench.prompts import DatasetUnavailable
+
+    return (ValueError, OSError, BaselineError, ModelUnavailable, DatasetUnavailable, SafetensorError)

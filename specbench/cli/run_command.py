@@ -1,0 +1,298 @@
+"""``specbench run``: which cases to run, running them, the result table, the gate lines and the exit status."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+
+from specbench.cases import OVERRIDABLE, Case, find_case, hardware_shortfall, with_overrides
+from specbench.cli.errors import _load_error
+
+DEFAULT_SUITE = "medusa"  # with no SUITE given, only its CPU cases run (the embedded default)
+REFERENCE_TARGET = "specbench-ref/gsm8k-tiny"
+REFERENCE_MEDUSA = "specbench-ref/gsm8k-tiny-medusa"
+REFERENCE_TREE = "gsm8k-tiny-63"
+EXPLICIT_FLAGS = ("target", "proposer", "proposer_path", "tree", "num_speculative_tokens", "prompts")
+_EXPLICIT_DEFAULTS = Case(name="cli")  # what the explicit form takes for a setting left out
+
+
+def _flag(dest: str) -> str:
+    return "--" + dest.replace("_", "-")
+
+
+# ---- which cases to run ----------------------------------------------------------------------------------
+
+
+def _explicit_proposer(args: argparse.Namespace, target: str) -> dict:
+    """The proposer table of the explicit form; flags that do not apply to the chosen proposer are refused."""
+    proposer = {"name": args.proposer or "medusa"}
+    given = [flag for flag in ("proposer_path", "tree", "num_speculative_tokens") if getattr(args, flag) is not None]
+    if proposer["name"] == "none" and given:
+        raise ValueError(f"--proposer none decodes plainly, so {_flag(given[0])} does not apply; drop it")
+    if args.tree is not None and proposer["name"] != "medusa":
+        raise ValueError(f"--tree applies to --proposer medusa only, not {proposer['name']!r}; drop --tree")
+    if args.num_speculative_tokens is not None:
+        proposer["num_speculative_tokens"] = args.num_speculative_tokens
+    if args.tree:
+        proposer["tree"] = args.tree
+    if args.proposer_path:
+        proposer["path"] = args.proposer_path
+    if proposer["name"] == "medusa":
+        if "path" not in proposer:
+            if target != REFERENCE_TARGET:
+                raise ValueError(f"--proposer medusa with --target {target} needs --proposer-path (its Medusa heads)")
+            proposer["path"] = REFERENCE_MEDUSA
+        if "tree" not in proposer and "num_speculative_tokens" not in proposer:
+            if proposer["path"] != REFERENCE_MEDUSA:
+                raise ValueError("--proposer medusa needs --num-speculative-tokens K (a chain) or --tree NAME|FILE")
+            proposer["tree"] = REFERENCE_TREE
+    return proposer
+
+
+def _explicit_case(args: argparse.Namespace) -> Case:
+    """The case the explicit flags describe; what is left out takes the shipped defaults: the reference
+    target, its Medusa heads and their calibrated tree, and Case's own defaults for the run settings."""
+    if not args.prompts:
+        raise ValueError("--prompts NAME|FILE is required in the explicit form (e.g. --prompts gsm8k)")
+    if args.k:
+        raise ValueError("-k selects cases of a suite, and the explicit form runs the one case its flags "
+                         "describe; drop -k")
+    target = args.target or REFERENCE_TARGET
+    prompts = {"name": args.prompts}
+    if args.num_prompts:
+        prompts["num_prompts"] = args.num_prompts
+    if args.prompts == "gsm8k":
+        # the reference models were trained on zero-shot "Question: ...\nAnswer:" text
+        prompts["n_shot"] = args.n_shot if args.n_shot is not None else (0 if target.startswith("specbench-ref/") else 1)
+    elif args.n_shot is not None:
+        raise ValueError(f"--n-shot applies to --prompts gsm8k only, not {args.prompts!r}; drop --n-shot")
+    d = _EXPLICIT_DEFAULTS
+    return Case.from_dict({
+        "name": args.name or args.proposer or "medusa", "suite": "cli", "target": target,
+        "proposer": _explicit_proposer(args, target), "prompts": prompts,
+        "sampling": {"temperature": args.temperature if args.temperature is not None else 0.0},
+        "dtype": args.dtype or d.dtype, "device": args.device or d.device, "engine": args.engine or d.engine,
+        "max_new_tokens": args.max_new_tokens or d.max_new_tokens,
+        "seed": args.seed if args.seed is not None else d.seed, "ignore_eos": bool(args.ignore_eos),
+    }, origin="the explicit form")
+
+
+def _select(cases: list[Case], expression: str | None) -> list[Case]:
+    """-k EXPR: keep cases whose name contains any comma-separated word; a leading 'not ' excludes."""
+    if not expression:
+        return cases
+    if expression.startswith("not "):
+        words = [w.strip() for w in expression[4:].split(",") if w.strip()]
+        return [c for c in cases if not any(w in c.name for w in words)]
+    words = [w.strip() for w in expression.split(",") if w.strip()]
+    return [c for c in cases if any(w in c.name for w in words)]
+
+
+def _stored_cases(args: argparse.Namespace) -> tuple[list[Case], dict[str, dict]]:
+    """The stored cases SUITE|CASE and -k select, with the override flags applied: (cases, case id -> the
+    settings its overrides changed, for the changed cases only)."""
+    if args.name:
+        raise ValueError("--name names the case of the explicit form (--target/--proposer/--prompts ...); a "
+                         "stored case keeps its own name: drop --name")
+    stored = find_case(args.spec) if args.spec else [c for c in find_case(DEFAULT_SUITE) if c.device == "cpu"]
+    overrides = {key: getattr(args, key) for key in OVERRIDABLE}
+    cases, changed = [], {}
+    for case in _select(stored, args.k):
+        case, changes = with_overrides(case, overrides)
+        cases.append(case)
+        if changes:
+            changed[case.case_id] = changes
+    if changed and args.update_baselines:
+        case_id, changes = next(iter(changed.items()))
+        flag = _flag(next(iter(changes)))
+        raise ValueError(f"--update-baselines stores the baselines of the stored cases, and {flag} "
+                         f"changes them (it would store {case_id}); drop the override, or edit the case in its suite "
+                         "file and run `specbench baselines regenerate`")
+    return cases, changed
+
+
+def _cases_to_run(args: argparse.Namespace) -> tuple[list[Case], dict[str, dict]]:
+    """(cases, the changes overrides made to stored cases) for the two forms; mixing them is refused."""
+    explicit = [flag for flag in EXPLICIT_FLAGS if getattr(args, flag) is not None]
+    if explicit and args.spec:
+        raise ValueError(f"{_flag(explicit[0])} describes a new case (the explicit form), so it cannot change the "
+                         f"stored case(s) {args.spec!r}; drop {args.spec} to run the explicit form, or drop "
+                         f"{_flag(explicit[0])} (the stored cases' settings are edited in their suite file)")
+    if args.no_gate and args.update_baselines:
+        raise ValueError("--no-gate has no effect with --update-baselines (it stores the results, it gates "
+                         "nothing); drop --no-gate")
+    if args.no_gate and args.baselines:
+        raise ValueError("--baselines has no effect with --no-gate (nothing is compared); drop one of them")
+    if explicit:
+        return [_explicit_case(args)], {}
+    return _stored_cases(args)
+
+
+def _runnable(cases: list[Case], verbose: bool) -> list[Case]:
+    """Drop the cases this machine cannot run, saying so: each with -v, else in one line."""
+    from specbench.report.status import plural
+
+    kept, skipped = [], []
+    for case in cases:
+        shortfall = hardware_shortfall(case)
+        if shortfall:
+            skipped.append((case, shortfall))
+        else:
+            kept.append(case)
+    if verbose:
+        for case, shortfall in skipped:
+            print(f"skipped: {case.case_id} (device={case.device!r}): {shortfall}", file=sys.stderr)
+    elif skipped:
+        why = "; ".join(sorted({shortfall for _, shortfall in skipped}))
+        print(f"skipped {len(skipped)} of {plural(len(cases), 'case')} that this machine cannot run ({why}); "
+              "-v lists them", file=sys.stderr)
+    return kept
+
+
+# ---- running ---------------------------------------------------------------------------------------------
+
+
+def _run_one(case: Case, progress: bool) -> dict:
+    from safetensors import SafetensorError
+
+    from specbench.harness import run_case
+
+    try:
+        return run_case(case, progress=progress).to_dict()
+    except (json.JSONDecodeError, UnicodeDecodeError, SafetensorError) as err:
+        # raised by transformers or tokenizers, naming no file; specbench's own readers name theirs
+        raise _load_error(case, err) from err
+
+
+def _run_cases(cases: list[Case], quiet: bool) -> list[dict]:
+    if not cases:
+        raise ValueError("no case to run here (check SUITE, -k, and the skipped cases above)")
+    return [_run_one(case, not quiet) for case in cases]
+
+
+# ---- verdicts and output ---------------------------------------------------------------------------------
+
+
+def lossless_report(result: dict):
+    """A GateReport holding only the lossless check of ``result``: gates.check_correctness, with the tolerances
+    resolved from the case (for a run that is not compared with a baseline: --no-gate, or overridden)."""
+    from specbench.gating.gates import GateReport, check_correctness, resolve_tolerances
+
+    case = result.get("case") or {}
+    check = check_correctness(result, resolve_tolerances(case.get("tolerances"))["min_match_fraction"])
+    check.case_id = result["case_id"]
+    return GateReport(result["case_id"], (result.get("env") or {}).get("hardware_class"), checks=[check])
+
+
+def gate_results(results: list[dict], store, *, gate: bool = True, overridden=()) -> list:
+    """One GateReport per result: against its stored baseline (``store``, a BaselineStore) when ``gate`` and the
+    case is not ``overridden``; otherwise its lossless check alone. Either way the lossless verdict is
+    gates.check_correctness's, so an exact fp32 match and a bf16/fp16 minimum match fraction are judged as the
+    pytest plugin judges them."""
+    from specbench.gating.baselines import compare
+
+    return [compare(r, store) if gate and r["case_id"] not in overridden else lossless_report(r) for r in results]
+
+
+def exit_status(reports: list) -> int:
+    """0 when every report passed, 1 when a gate failed (a regression or a failed lossless check)."""
+    return 0 if all(report.passed for report in reports) else 1
+
+
+def _fmt(value, digits: int = 3) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return "nan" if value != value else f"{value:.{digits}f}"
+    return str(value)
+
+
+def _lossless_cell(check) -> str:
+    """The table's lossless column, from the lossless check's verdict (bf16/fp16: against its minimum)."""
+    if check is None or check.status == "skipped":
+        return "n/a (sampled)"
+    minimum = f" (min {_fmt(check.baseline, 2)})" if check.name == "match_fraction" else ""
+    if check.status != "pass":
+        return f"DIVERGED {_fmt(check.measured)}{minimum}"
+    return "exact" if check.measured == 1.0 else f"match {_fmt(check.measured)}{minimum}"
+
+
+def results_table(results: list[dict], reports: list) -> str:
+    header = ["case", "accept", "MAL", "per position", "tok/s", "plain tok/s", "speedup", "lossless"]
+    rows = []
+    for r, report in zip(results, reports):
+        m = r["metrics"]
+        per_position = "/".join(f"{x:.2f}" for x in m["per_position_acceptance_rate"]) or "-"
+        rows.append([
+            r["case_id"], _fmt(m["acceptance_rate"]), _fmt(m["mean_acceptance_length"], 2), per_position,
+            _fmt(m["tokens_per_s"], 1), _fmt(m["plain_tokens_per_s"], 1), _fmt(m["speedup"], 2) + "x",
+            _lossless_cell(report.correctness),
+        ])
+    widths = [max(len(str(row[i])) for row in [header, *rows]) for i in range(len(header))]
+    lines = ["  ".join(str(cell).ljust(w) for cell, w in zip(row, widths)).rstrip() for row in [header, *rows]]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def gate_lines(reports: list, changed: dict[str, dict], *, verbose: bool) -> list[str]:
+    """What a run prints about its gates: with -v every check of every case; by default a headline per case,
+    each regression, failure and improvement, and one summary line per kind of check left out."""
+    from specbench.gating.gates import skip_summary
+    from specbench.report.status import plural
+
+    if verbose:
+        return [report.format() for report in reports]
+    lines = [report.format(brief=True) for report in reports]
+    if changed:
+        flags = ", ".join(_flag(key) for key in dict.fromkeys(k for changes in changed.values() for k in changes))
+        lines.append(f"{plural(len(changed), 'case')} changed by {flags}: not compared with the stored baselines, "
+                     "lossless check only")
+    summary = skip_summary(reports)
+    return lines + [f"{line}; -v for details" for line in summary]
+
+
+def _record(results: list[dict], reports: list | None, args: argparse.Namespace) -> None:
+    """Append the runs (and their gate outcomes) to the results history unless --no-history."""
+    if args.no_history:
+        return
+    from specbench.gating.history import append_results, default_history_dir
+
+    directory = args.history or default_history_dir()
+    path = append_results(directory, results, gate_reports=reports)
+    print(f"recorded in {path} (`specbench report{' --history ' + shlex.quote(args.history) if args.history else ''}`"
+          " renders the history)")
+
+
+def _store(results: list[dict], baselines_dir: str | None) -> None:
+    from specbench.gating.regenerate import update_baseline
+
+    command = "specbench " + shlex.join(sys.argv[1:])
+    for result in results:
+        print(update_baseline(result, baselines_dir, command=command).format())
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from specbench.gating.baselines import BaselineStore
+    from specbench.harness import to_json, write_json_atomic
+
+    cases, changed = _cases_to_run(args)
+    results = _run_cases(_runnable(cases, args.verbose), args.quiet)
+    gated = not args.no_gate and not args.update_baselines
+    store = BaselineStore(args.baselines) if args.baselines else BaselineStore()
+    reports = gate_results(results, store, gate=gated, overridden=changed)
+    print(results_table(results, reports))
+    if args.output:
+        payload = results[0] if len(results) == 1 else {"results": results}
+        write_json_atomic(args.output, to_json(payload))
+        print(f"wrote {args.output}")
+    if args.update_baselines:
+        _store(results, args.baselines)
+        _record(results, None, args)
+        return 0
+    print()
+    print("\n".join(gate_lines(reports, changed, verbose=args.verbose)))
+    # a --no-gate run records no gate outcome: it was not compared with anything
+    _record(results, reports if gated else None, args)
+    return exit_status(reports)
