@@ -187,6 +187,17 @@ def test_run_then_report_works_on_the_default_history(fake_run, tmp_path, monkey
     assert capsys.readouterr().out == f"wrote {tmp_path / 'site' / 'index.html'} (1 run, 0 flagged regressions)\n"
 
 
+def test_a_real_run_then_report_renders_the_run_in_the_dashboard(tmp_path, monkeypatch, capsys):
+    """No stand-in: the reference model decodes, the history records it, the dashboard shows its case."""
+    monkeypatch.chdir(tmp_path)
+    assert main(["run", "medusa/chain-k3", "--num-prompts", "1", "--max-new-tokens", "6", "-q"]) == 0
+    capsys.readouterr()
+    assert main(["report", "--out", str(tmp_path / "site")]) == 0
+    page = (tmp_path / "site" / "index.html").read_text(encoding="utf-8")
+    assert "medusa/chain-k3[max_new_tokens=6,num_prompts=1]" in page
+    assert "1 run of 1 case" in page
+
+
 def test_the_default_history_is_at_the_repo_root(fake_run, tmp_path, monkeypatch):
     monkeypatch.delenv("SPECBENCH_HISTORY_DIR")
     (tmp_path / "pyproject.toml").write_text("")
