@@ -384,3 +384,14 @@ def test_engine_key_selects_the_static_target_and_decodes_as_eager():
         assert {k: got[k] for k in fields} == {k: want[k] for k in fields}
     with pytest.raises(ValueError, match=r"engine must be one of eager, static, found 'fast'"):
         Case.from_dict({**base, "engine": "fast"})
+
+
+def test_fused_projections_keep_the_checkpoint_names_and_values(pair):
+    """q/k/v and gate/up run as one matmul each, yet the state dict keeps transformers' names and values
+    (the named weights are views into the fused ones, so no weight is held twice)."""
+    _, model, _, static = pair
+    want, got = model.state_dict(), static.module.state_dict()
+    for name in ("model.layers.1.self_attn.k_proj.weight", "model.layers.1.mlp.up_proj.weight"):
+        assert torch.equal(got[name], want[name])
+    attention = static.module.model.layers[1].self_attn
+    assert attention.k_proj.weight.data_ptr() == attention.qkv.weight[attention.q_proj.weight.shape[0]:].data_ptr()

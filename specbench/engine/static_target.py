@@ -102,7 +102,8 @@ class StaticTarget:
     def from_hf_model(
         cls, model, max_context: int | None = None, *, cuda_graphs: bool = True, compile: bool = False
     ) -> "StaticTarget":
-        """Share the weights of a transformers ``LlamaForCausalLM`` / ``MistralForCausalLM`` / ``Qwen2ForCausalLM``."""
+        """Over a transformers ``LlamaForCausalLM`` / ``MistralForCausalLM`` / ``Qwen2ForCausalLM``: its weights are
+        shared, except q/k/v and gate/up, which are fused into new tensors."""
         shape = LlamaShape.from_config(model.config)
         param = next(model.parameters())
         module = StaticLlamaForCausalLM.from_state_dict(
