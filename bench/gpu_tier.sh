@@ -6,6 +6,7 @@
 #   synth      `specbench zoo synth` (Vicuna-7B shape, random bf16 weights, 5 heads in the upstream layout)
 #              and its large_gpu cases (lossless chain and 63-node tree, latency); stored as baselines too
 #   speed      bench/speed_7b.py on the synthetic 7B weights (writes SYNTH_DIR first when absent)
+#   static     only the static-engine cases (reference and synthetic), stored as baselines
 #   all        the three in turn
 # usage: bash bench/gpu_tier.sh OUT_DIR [STAGE...]     (from the repository root; default stage: all)
 # Logs, results (.jsonl), junit XML, the updated baselines/*.json and speed_7b.json land in OUT_DIR.
@@ -47,8 +48,9 @@ for stage in "${stages[@]}"; do
     case $stage in
         reference) suites reference "not synth" ;;
         synth) synthesize && suites synth "synth" ;;
+        static) synthesize && suites static "static" ;;
         speed) synthesize && { "$python" bench/speed_7b.py "$SPECBENCH_SYNTH_DIR" "$out_dir" 2>&1 | tee "$out_dir/speed_7b.log" || status=$?; } ;;
-        *) echo "gpu_tier.sh: unknown stage '$stage' (reference, synth, speed, all)" >&2; exit 2 ;;
+        *) echo "gpu_tier.sh: unknown stage '$stage' (reference, synth, speed, static, all)" >&2; exit 2 ;;
     esac
 done
 exit "$status"

@@ -239,6 +239,10 @@ def main() -> int:
     if "eager" in engines:
         figures["eager"] = measure_engine(target, prompt, truth, args)
     del target, model
+    import gc
+
+    torch._dynamo.reset()  # the compiled peer's graphs hold the transformers model's weights
+    gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()
     for engine in [e for e in engines if e != "eager"]:

@@ -35,8 +35,9 @@ FLOAT_SIGNIFICANT_DIGITS = 6
 BASELINES_DIR_ENV = "SPECBENCH_BASELINES_DIR"
 # case keys that decide how a run is judged or scheduled, not what it measures: editing them keeps the baseline
 NON_DEFINING_CASE_KEYS = ("tolerances", "gate_quality", "gate_speed", "min_gpu_gib", "description", "quality_baseline")
-# what a case's quality reference (``quality_baseline``) may differ in: where it runs, not what it computes
-QUALITY_REFERENCE_FREE_KEYS = ("name", "device")
+# what a case's quality reference (``quality_baseline``) may differ in: where and on which engine it runs, not
+# what it computes (the engines decode token for token alike: docs/engines.md)
+QUALITY_REFERENCE_FREE_KEYS = ("name", "device", "engine")
 REGENERATE_HINT = ("regenerate it with `specbench baselines regenerate <suite>` (or `specbench run <case> "
                    "--update-baselines`, or pytest `--specbench-update-baselines`), or restore it from git")
 
