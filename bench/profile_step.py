@@ -1,9 +1,12 @@
 """Where a speculative decoding step's time goes, on the 7B shape (or any target): per-phase wall time
 (propose, target forward, verdict, KV commit), synchronising the device after each phase so GPU work is
 charged to the phase that queued it, then a torch.profiler table of the same decoding, for plain
-decoding and for an oracle chain at full acceptance.
+decoding and for an oracle chain at full acceptance, with the kernels launched per step.
 
-    python bench/profile_step.py SYNTH_DIR OUT_DIR [--device cuda] [--k 3] [--new-tokens 64]
+For the static engine the phases run with its CUDA graphs (as decoding does) and the profiler tables
+over the same model without graphs, so each kernel a graph replays shows up by name.
+
+    python bench/profile_step.py SYNTH_DIR OUT_DIR [--engine static|eager] [--device cuda] [--k 3] [--new-tokens 64]
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from specbench.checkpoints.resolve import load_target_model  # noqa: E402
 from specbench.engine import decode  # noqa: E402
 from specbench.engine.decode import Decoder, GenerationConfig  # noqa: E402
 from specbench.engine.hf_target import HFTarget  # noqa: E402
+from specbench.engine.static_target import StaticTarget  # noqa: E402
 from specbench.proposers.scripted import ScriptedProposer  # noqa: E402
 
 
@@ -59,7 +63,7 @@ class PhaseClock:
         return "\n".join(lines)
 
 
-def phase_breakdown(target: HFTarget, proposer, prompt: torch.Tensor, new_tokens: int, title: str) -> str:
+def phase_breakdown(target, proposer, prompt: torch.Tensor, new_tokens: int, title: str) -> str:
     clock = PhaseClock(target.device)
     originals = (target.verify, target.commit, decode.verify)
     target.verify, target.commit = clock.wrap("forward", target.verify), clock.wrap("commit", target.commit)
@@ -77,16 +81,19 @@ def phase_breakdown(target: HFTarget, proposer, prompt: torch.Tensor, new_tokens
                         result.timing.time_to_first_token_s, steps)
 
 
-def profiler_table(target: HFTarget, proposer, prompt: torch.Tensor, new_tokens: int) -> str:
+def profiler_table(target, proposer, prompt: torch.Tensor, new_tokens: int) -> str:
     from torch.profiler import ProfilerActivity, profile
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if target.device.type == "cuda" else [])
     decoder = Decoder(target, proposer, GenerationConfig(max_new_tokens=new_tokens, ignore_eos=True))
     with profile(activities=activities) as prof:
-        decoder.generate(prompt)
+        result = decoder.generate(prompt)
     averages = prof.key_averages()
+    steps = result.counters.num_target_forwards
+    kernels = sum(e.count for e in averages if getattr(e, "device_type", None) == torch.autograd.DeviceType.CUDA)
+    header = f"{steps} target forwards; {kernels / max(steps, 1):.0f} CUDA kernels per forward\n" if kernels else ""
     sort = "self_cuda_time_total" if target.device.type == "cuda" else "self_cpu_time_total"
-    return (averages.table(sort_by="self_cpu_time_total", row_limit=25) + "\n"
+    return (header + averages.table(sort_by="self_cpu_time_total", row_limit=25) + "\n"
             + (averages.table(sort_by=sort, row_limit=15) if sort != "self_cpu_time_total" else ""))
 
 
@@ -99,11 +106,17 @@ def main() -> int:
     parser.add_argument("--k", type=int, default=3)
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--prompt-len", type=int, default=128)
+    parser.add_argument("--engine", choices=("static", "eager"), default="static")
     args = parser.parse_args()
 
     device = torch.device(args.device)
-    model = load_target_model(str(Path(args.synth_dir) / "target"), dtype=getattr(torch, args.dtype), device=str(device))
-    target = HFTarget(model)
+    directory, dtype = str(Path(args.synth_dir) / "target"), getattr(torch, args.dtype)
+    if args.engine == "static":
+        target = StaticTarget.from_pretrained(directory, dtype=dtype, device=device)
+        # the same module without graphs, for the profiler's per-kernel tables
+        profiled = StaticTarget(target.module, target.config, max_context=target.max_context, cuda_graphs=False)
+    else:
+        target = profiled = HFTarget(load_target_model(directory, dtype=dtype, device=str(device)))
     prompt = torch.randint(3, target.vocab_size, (args.prompt_len,), generator=torch.Generator().manual_seed(0))
     config = GenerationConfig(max_new_tokens=args.new_tokens + 16, ignore_eos=True)
     truth = Decoder(target, None, config).generate(prompt).output_token_ids  # also the warm-up
@@ -113,9 +126,9 @@ def main() -> int:
         phase_breakdown(target, None, prompt, args.new_tokens, "plain"),
         phase_breakdown(target, ScriptedProposer(truth, args.k, target.vocab_size), prompt, args.new_tokens,
                         f"oracle chain K={args.k}"),
-        "== torch.profiler, oracle chain\n" + profiler_table(
-            target, ScriptedProposer(truth, args.k, target.vocab_size), prompt, args.new_tokens),
-        "== torch.profiler, plain\n" + profiler_table(target, None, prompt, args.new_tokens),
+        f"== torch.profiler ({args.engine}), oracle chain\n" + profiler_table(
+            profiled, ScriptedProposer(truth, args.k, target.vocab_size), prompt, args.new_tokens),
+        f"== torch.profiler ({args.engine}), plain\n" + profiler_table(profiled, None, prompt, args.new_tokens),
     ]
     text = "\n\n".join(sections)
     out = Path(args.out_dir)
