@@ -132,7 +132,7 @@ def check_key_set(weights_file: Path, layout: str, structure: HeadStructure, pre
         lines.append(f"  missing keys ({len(missing)}): " + ", ".join(map(repr, missing)))
     if unexpected:
         lines.append(f"  unexpected keys ({len(unexpected)}): " + ", ".join(map(repr, unexpected)))
-    lines.append("  re-download the checkpoint, or re-export it with specbench.checkpoints.medusa.save_medusa_heads")
+    lines.append("  re-download the checkpoint, or re-export it with specbench.medusa.checkpoint.save_medusa_heads")
     raise MedusaCheckpointError("\n".join(lines))
 
 
