@@ -51,8 +51,8 @@ def test_a_loader_error_naming_no_file_is_traced_to_the_file(tmp_path, capsys, m
     assert main(["run", "--target", str(target), "--proposer", "ngram", "--num-speculative-tokens", "2",
                  "--prompts", "gsm8k-embedded", *SMALL]) == 2
     line = error_line(capsys)
-    assert line.startswith(f"specbench: error: {target / 'model.safetensors'}: truncated or corrupt safetensors file (")
-    assert line.endswith("); re-download or re-export the model (case cli/ngram)")
+    assert line.startswith(f"specbench: error: {target / 'model.safetensors'}: truncated: header says ")
+    assert line.endswith("; re-download it, re-export it, or check the copy (case cli/ngram)")
 
 
 def test_a_garbage_tokenizer_is_one_line_naming_the_file(tmp_path, capsys):

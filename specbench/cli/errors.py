@@ -14,10 +14,9 @@ def _first_line(err: BaseException) -> str:
 def _damaged_file(case: Case) -> str | None:
     """The first file of the case's model directories (target, proposer checkpoint) that does not parse, with
     the reason: the libraries that read them (transformers, tokenizers) say what is wrong but not where."""
-    from safetensors import safe_open
-
     from specbench.cases import expand_ref
     from specbench.checkpoints.resolve import resolve_model_dir
+    from specbench.checkpoints.tensor_files import CheckpointError, check_safetensors_file
 
     for ref in filter(None, (case.target, case.proposer.get("path"))):
         try:
@@ -28,13 +27,12 @@ def _damaged_file(case: Case) -> str | None:
             try:
                 json.loads(path.read_text(encoding="utf-8"))
             except (ValueError, OSError) as err:
-                return f"{path}: not valid JSON ({_first_line(err)})"
+                return f"{path}: not valid JSON ({_first_line(err)}); re-download or re-export the model"
         for path in sorted(directory.glob("*.safetensors")):
             try:
-                with safe_open(path, framework="pt"):
-                    pass
-            except Exception as err:  # noqa: BLE001 - SafetensorError and OSError alike mean "cannot be read"
-                return f"{path}: truncated or corrupt safetensors file ({_first_line(err)})"
+                check_safetensors_file(path)  # the checkpoint loaders' own structural check
+            except CheckpointError as err:
+                return _first_line(err)
     return None
 
 
@@ -42,7 +40,7 @@ def _load_error(case: Case, err: BaseException) -> ValueError:
     """A one-line error for a model file that a library failed to read, naming the file where it can be found."""
     damaged = _damaged_file(case)
     if damaged:
-        return ValueError(f"{damaged}; re-download or re-export the model (case {case.case_id})")
+        return ValueError(f"{damaged} (case {case.case_id})")
     models = " and ".join(repr(ref) for ref in filter(None, (case.target, case.proposer.get("path"))))
     return ValueError(f"case {case.case_id}: a file of {models} could not be read ({type(err).__name__}: "
                       f"{_first_line(err)}); check the files of those model directories, or re-download them")
