@@ -6,7 +6,7 @@ import sys
 
 from specbench.cli.baselines_command import cmd_baselines_regenerate, cmd_baselines_show
 from specbench.cli.env_command import cmd_env
-from specbench.cli.errors import _user_errors
+from specbench.cli.errors import user_errors
 from specbench.cli.parser import (
     BASELINES_HELP,
     EPILOG,
@@ -60,6 +60,6 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as err:
         print(err, file=sys.stderr)
         return 2
-    except _user_errors() as err:
+    except user_errors() as err:
         print(f"specbench: error: {one_line(err)}", file=sys.stderr)
         return 2

@@ -7,11 +7,11 @@ import json
 from specbench.cases import Case
 
 
-def _first_line(err: BaseException) -> str:
+def first_line(err: BaseException) -> str:
     return (str(err).strip().splitlines() or [type(err).__name__])[0]
 
 
-def _damaged_file(case: Case) -> str | None:
+def damaged_file(case: Case) -> str | None:
     """The first file of the case's model directories (target, proposer checkpoint) that does not parse, with
     the reason: the libraries that read them (transformers, tokenizers) say what is wrong but not where."""
     from specbench.cases import expand_ref
@@ -27,26 +27,26 @@ def _damaged_file(case: Case) -> str | None:
             try:
                 json.loads(path.read_text(encoding="utf-8"))
             except (ValueError, OSError) as err:
-                return f"{path}: not valid JSON ({_first_line(err)}); re-download or re-export the model"
+                return f"{path}: not valid JSON ({first_line(err)}); re-download or re-export the model"
         for path in sorted(directory.glob("*.safetensors")):
             try:
                 check_safetensors_file(path)  # the checkpoint loaders' own structural check
             except CheckpointError as err:
-                return _first_line(err)
+                return first_line(err)
     return None
 
 
-def _load_error(case: Case, err: BaseException) -> ValueError:
+def load_error(case: Case, err: BaseException) -> ValueError:
     """A one-line error for a model file that a library failed to read, naming the file where it can be found."""
-    damaged = _damaged_file(case)
+    damaged = damaged_file(case)
     if damaged:
         return ValueError(f"{damaged} (case {case.case_id})")
     models = " and ".join(repr(ref) for ref in filter(None, (case.target, case.proposer.get("path"))))
     return ValueError(f"case {case.case_id}: a file of {models} could not be read ({type(err).__name__}: "
-                      f"{_first_line(err)}); check the files of those model directories, or re-download them")
+                      f"{first_line(err)}); check the files of those model directories, or re-download them")
 
 
-def _user_errors() -> tuple[type[BaseException], ...]:
+def user_errors() -> tuple[type[BaseException], ...]:
     """Errors caused by input (bad names, missing or damaged data, models, checkpoints, baselines): printed in
     one line, exit status 2. ValueError covers CheckpointError (MedusaCheckpointError), InvalidModelRef and
     HistoryError; OSError covers FileNotFoundError and ReferenceMissing, and unreadable files."""

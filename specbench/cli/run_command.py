@@ -8,7 +8,7 @@ import shlex
 import sys
 
 from specbench.cases import OVERRIDABLE, Case, find_case, hardware_shortfall, with_overrides
-from specbench.cli.errors import _load_error
+from specbench.cli.errors import load_error
 
 DEFAULT_SUITE = "medusa"  # with no SUITE given, only its CPU cases run (the embedded default)
 REFERENCE_TARGET = "specbench-ref/gsm8k-tiny"
@@ -163,7 +163,7 @@ def _run_one(case: Case, progress: bool) -> dict:
         return run_case(case, progress=progress).to_dict()
     except (json.JSONDecodeError, UnicodeDecodeError, SafetensorError) as err:
         # raised by transformers or tokenizers, naming no file; specbench's own readers name theirs
-        raise _load_error(case, err) from err
+        raise load_error(case, err) from err
 
 
 def _run_cases(cases: list[Case], quiet: bool) -> list[dict]:
