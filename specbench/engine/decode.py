@@ -17,7 +17,8 @@ import torch
 from specbench.engine.draft import Draft
 from specbench.engine.sampling import SamplingParams
 from specbench.engine.target import Target
-from specbench.engine.verification import verify
+from specbench.engine.device_verification import greedy_on_device
+from specbench.engine.verification import verifies_greedily, verify
 from specbench.metrics import RequestTiming, SpecCounters
 from specbench.engine.proposer import Proposer, ProposerState
 
@@ -91,26 +92,41 @@ class Decoder:
         _synchronize(device)
         time_to_first_token = time.perf_counter() - start
 
-        tokens = torch.cat([prompt, torch.tensor([first.next_token])]).to(device)  # (T + 1,)
+        # prompt + output + the tokens a step can emit beyond max_new_tokens, preallocated on the device;
+        # tokens[:length] is the history, and positions below length are never written again
+        tokens = torch.zeros(prompt.numel() + self.config.max_new_tokens + draft_room + 1, dtype=torch.long, device=device)
+        tokens[: prompt.numel()] = prompt.to(device)
+        tokens[prompt.numel()] = first.next_token
+        length = prompt.numel() + 1
         emitted = [first.next_token]
         hidden = prefill.hidden_states[-1]  # (H,)
         finish_reason = "eos" if first.next_token in eos else "running"
+        greedy = verifies_greedily(sampling)
         if self.proposer is not None:
             self.proposer.begin_request(prompt.to(device))
         while finish_reason == "running" and len(emitted) < self.config.max_new_tokens:
             draft = None
             if self.proposer is not None:
-                draft = self.proposer.propose(ProposerState(token_ids=tokens, hidden_state=hidden))
+                draft = self.proposer.propose(ProposerState(token_ids=tokens[:length], hidden_state=hidden))
             draft = draft if draft is not None and len(draft) else _EMPTY_DRAFT
-            verify_ids = torch.cat([tokens[-1:], draft.tokens.to(device)])  # (N + 1,) root first
-            tree_mask = None if draft.is_chain else draft.tree_mask()  # (N + 1, N + 1)
+            verify_ids = torch.cat([tokens[length - 1 : length], draft.tokens.to(device)])  # (N + 1,) root first
+            is_chain = draft.is_chain
+            tree_mask = None if is_chain else draft.tree_mask()  # (N + 1, N + 1)
             out = self.target.verify(verify_ids, draft.depths(), tree_mask)
-            verdict = verify(draft, out.logits, sampling, generator)
-            self.target.commit(verdict.accepted_nodes, num_verified=verify_ids.numel())
-            counters.record_step(draft.depth(), verdict.num_accepted)
-            new = verify_ids[verdict.accepted_nodes[1:]].tolist() + [verdict.next_token]
-            hidden = out.hidden_states[verdict.accepted_nodes[-1]]  # (H,) predicted next_token
-            tokens = torch.cat([tokens, torch.tensor(new, device=device)])
+            if greedy:  # on the device, one device-to-host transfer
+                accepted_nodes, _, new = greedy_on_device(draft, verify_ids, out.logits, is_chain=is_chain)
+            else:
+                verdict = verify(draft, out.logits, sampling, generator)
+                accepted_nodes = verdict.accepted_nodes
+                new = verify_ids[accepted_nodes[1:]].tolist() + [verdict.next_token]
+            self.target.commit(accepted_nodes, num_verified=verify_ids.numel())
+            counters.record_step(len(draft) if is_chain else draft.depth(), len(accepted_nodes) - 1)
+            hidden = out.hidden_states[accepted_nodes[-1]]  # (H,) predicted the last emitted token
+            end = length + len(new)
+            if end > tokens.numel():  # a proposer drafting beyond its max_draft_tokens
+                tokens = torch.cat([tokens, tokens.new_zeros(end - tokens.numel())])
+            tokens[length:end] = torch.tensor(new, dtype=torch.long)
+            length = end
             for token in new:
                 emitted.append(token)
                 if token in eos:

@@ -117,20 +117,23 @@ def verify_typical(
     return Verdict(accepted_nodes=path, next_token=sample(probs[path[-1]], generator))
 
 
+def verifies_greedily(params: SamplingParams) -> bool:
+    """Whether :func:`verify` applies greedy verification for ``params`` (typical at temperature 0 included)."""
+    return params.rule == "greedy" or (params.rule == "typical" and params.is_greedy)
+
+
 def verify(
     draft: Draft, logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None
 ) -> Verdict:
     """Apply the rule ``params`` selects."""
     rule = params.rule
-    if rule == "greedy":
+    if verifies_greedily(params):
         return verify_greedy(draft, logits)
     if rule == "rejection":
         return verify_rejection(draft, logits, params, generator)
     if rule == "typical":
-        if params.is_greedy:
-            return verify_greedy(draft, logits)
         return verify_typical(draft, logits, params, generator)
     raise ValueError(f"unknown acceptance rule {rule!r}")
 
 
-__all__ = ["Verdict", "verify", "verify_greedy", "verify_rejection", "verify_typical"]
+__all__ = ["Verdict", "verifies_greedily", "verify", "verify_greedy", "verify_rejection", "verify_typical"]

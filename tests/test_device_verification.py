@@ -1,0 +1,202 @@
+"""greedy_on_device against verify_greedy on random chains and trees, its single host transfer, and the
+decode loop's output and counters with and without it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import specbench.engine.decode as decode_module
+from specbench.engine.decode import Decoder, GenerationConfig
+from specbench.engine.device_verification import greedy_on_device
+from specbench.engine.draft import Draft
+from specbench.engine.hf_target import HFTarget
+from specbench.engine.sampling import SamplingParams
+from specbench.engine.tree import TreeBuffers
+from specbench.engine.verification import verify_greedy
+from specbench.medusa.heads import MedusaHeads, MedusaHeadsConfig
+from specbench.proposers import create_proposer
+from specbench.proposers.medusa import MedusaProposer
+from specbench.proposers.scripted import ScriptedProposer
+from _prompts import random_prompt, repetitive_prompt
+
+CASES = 200
+TREE = [[0], [1], [2], [0, 0], [0, 1], [1, 0], [1, 1], [2, 0], [0, 0, 0], [1, 1, 0], [1, 1, 1]]
+
+
+def reference(draft: Draft, verify_ids: torch.Tensor, logits: torch.Tensor) -> tuple[list[int], int, list[int]]:
+    """What verify_greedy and the decode loop computed before greedy_on_device."""
+    verdict = verify_greedy(draft, logits)
+    emitted = verify_ids[verdict.accepted_nodes[1:]].tolist() + [verdict.next_token]
+    return verdict.accepted_nodes, verdict.next_token, emitted
+
+
+def random_parents(gen: torch.Generator, nodes: int, chain: bool) -> list[int]:
+    if chain:
+        return list(range(nodes))
+    return [int(torch.randint(0, node, (1,), generator=gen)) for node in range(1, nodes + 1)]
+
+
+def constructed_case(gen: torch.Generator, parents: list[int], vocab: int, p_ok: float):
+    """Logits with a known argmax per row; each draft token copies its parent's argmax with chance p_ok."""
+    n = len(parents)
+    logits = torch.randn(n + 1, vocab, generator=gen)  # (N + 1, V)
+    argmax = torch.randint(0, vocab, (n + 1,), generator=gen)  # (N + 1,)
+    logits[torch.arange(n + 1), argmax] = logits.max() + 1.0 + torch.rand(n + 1, generator=gen)
+    tokens = []
+    for parent in parents:
+        true_token = int(argmax[parent])
+        ok = bool(torch.rand((), generator=gen) < p_ok)
+        tokens.append(true_token if ok else (true_token + 1 + int(torch.randint(0, vocab - 1, (1,), generator=gen))) % vocab)
+    draft = Draft(tokens=torch.tensor(tokens, dtype=torch.long), parents=torch.tensor(parents, dtype=torch.long))
+    return draft, logits
+
+
+def check(draft: Draft, logits: torch.Tensor, root: int = 5, is_chain: bool | None = None):
+    verify_ids = torch.cat([torch.tensor([root]), draft.tokens])  # (N + 1,)
+    got = greedy_on_device(draft, verify_ids, logits, is_chain=is_chain)
+    assert got == reference(draft, verify_ids, logits)
+    return got
+
+
+@pytest.mark.parametrize("chain", [True, False], ids=["chain", "tree"])
+def test_random_logits_match_verify_greedy(chain):
+    """Random logits over a tiny vocabulary: drafts match often enough to accept at many depths."""
+    gen = torch.Generator().manual_seed(1234)
+    lengths = set()
+    for _ in range(CASES):
+        n = int(torch.randint(0, 12, (1,), generator=gen))
+        vocab = int(torch.randint(2, 5, (1,), generator=gen))
+        parents = random_parents(gen, n, chain)
+        draft = Draft(tokens=torch.randint(0, vocab, (n,), generator=gen), parents=torch.tensor(parents, dtype=torch.long))
+        accepted, _, _ = check(draft, torch.randn(n + 1, vocab, generator=gen))
+        lengths.add(len(accepted))
+    assert len(lengths) >= 4, f"accepted path lengths seen: {sorted(lengths)}"
+
+
+@pytest.mark.parametrize("chain", [True, False], ids=["chain", "tree"])
+def test_constructed_logits_accept_the_known_nodes(chain):
+    gen = torch.Generator().manual_seed(99)
+    ties = 0
+    for case in range(CASES):
+        n = 1 + case % 15
+        parents = random_parents(gen, n, chain)
+        draft, logits = constructed_case(gen, parents, vocab=50, p_ok=0.75)
+        accepted, next_token, emitted = check(draft, logits, is_chain=chain if case % 2 else None)
+        # the known answer: node ok iff it copies its parent's argmax; deepest all-ok path, earliest on ties
+        argmax = logits.argmax(-1).tolist()
+        ok_path = [True] + [False] * n
+        depth = [0] * (n + 1)
+        for node, parent in enumerate(parents, start=1):
+            depth[node] = depth[parent] + 1
+            ok_path[node] = ok_path[parent] and int(draft.tokens[node - 1]) == argmax[parent]
+        deepest = max(depth[node] for node in range(n + 1) if ok_path[node])
+        candidates = [node for node in range(n + 1) if ok_path[node] and depth[node] == deepest]
+        ties += len(candidates) > 1
+        assert accepted[-1] == candidates[0]
+        assert next_token == argmax[candidates[0]] == emitted[-1]
+        assert len(emitted) == deepest + 1
+    if not chain:
+        assert ties > 10, "the trees must include equally deep accepted paths to test the tie rule"
+
+
+def test_duplicate_sibling_tokens_tie_to_the_earliest_node():
+    # nodes 1 and 2 both copy the root's argmax; 3 under 2 and 4 under 1 both copy theirs: the tie at
+    # depth 2 goes to node 3 (the lower index), though node 4 hangs under the earlier sibling
+    logits = torch.zeros(5, 8)
+    logits[0, 3] = logits[1, 6] = logits[2, 6] = logits[3, 1] = logits[4, 2] = 1.0
+    draft = Draft(tokens=torch.tensor([3, 3, 6, 6]), parents=torch.tensor([0, 0, 2, 1]))
+    assert check(draft, logits, root=7) == ([0, 2, 3], 1, [3, 6, 1])
+
+
+def test_static_tree_buffers_match_verify_greedy():
+    buffers = TreeBuffers.from_paths(TREE)
+    gen = torch.Generator().manual_seed(7)
+    for _ in range(CASES):
+        topk = torch.randint(0, 6, (buffers.max_depth, buffers.top_k), generator=gen)  # (depth, top_k)
+        draft = buffers.draft(topk)
+        check(draft, torch.randn(buffers.num_nodes + 1, 6, generator=gen))
+
+
+def test_empty_draft_gives_the_argmax():
+    logits = torch.randn(1, 32, generator=torch.Generator().manual_seed(3))
+    assert check(Draft.chain(torch.empty(0, dtype=torch.long)), logits) == ([0], int(logits.argmax()), [int(logits.argmax())])
+
+
+HOST_READS = ("tolist", "item", "cpu", "numpy", "__bool__", "__int__", "__float__", "__index__")
+
+
+@pytest.mark.parametrize("kind", ["chain", "tree", "tree-buffers", "empty"])
+def test_one_host_transfer_per_call(monkeypatch, kind):
+    gen = torch.Generator().manual_seed(5)
+    if kind == "tree-buffers":
+        draft = TreeBuffers.from_paths(TREE).draft(torch.randint(0, 4, (3, 3), generator=gen))
+    else:
+        n = {"chain": 6, "tree": 9, "empty": 0}[kind]
+        draft, _ = constructed_case(gen, random_parents(gen, n, kind != "tree"), vocab=4, p_ok=0.8)
+    logits = torch.randn(len(draft) + 1, 4, generator=gen)
+    verify_ids = torch.cat([torch.tensor([1]), draft.tokens])
+    is_chain = draft.is_chain
+    draft.tree_mask()  # the decode loop has built it for the target's verify already
+    expected = reference(draft, verify_ids, logits)
+    calls = []
+    for name in HOST_READS:
+        original = getattr(torch.Tensor, name)
+
+        def counted(self, *args, _name=name, _original=original, **kwargs):
+            calls.append(_name)
+            return _original(self, *args, **kwargs)
+
+        monkeypatch.setattr(torch.Tensor, name, counted)
+    result = greedy_on_device(draft, verify_ids, logits, is_chain=is_chain)
+    monkeypatch.undo()
+    assert calls == ["tolist"]
+    assert result == expected
+
+
+def random_heads(seed: int = 1) -> MedusaHeads:
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        heads = MedusaHeads(MedusaHeadsConfig(5, 1, 64, 256, True))
+        for name, p in heads.named_parameters():
+            nn.init.normal_(p, std=0.5 if name.endswith("bias") else 0.2)
+    return heads
+
+
+@pytest.mark.parametrize(
+    "setup",
+    ["plain", "ngram", "scripted", "medusa-chain", "medusa-tree", "typical-t0"],
+)
+def test_decoder_output_and_counters_unchanged(tiny_model, monkeypatch, setup):
+    """The decode loop with greedy_on_device against the same loop forced onto verification.verify."""
+    target = HFTarget(tiny_model)
+    sampling = SamplingParams(acceptance="typical") if setup == "typical-t0" else SamplingParams()
+    config = GenerationConfig(max_new_tokens=40, sampling=sampling)
+
+    prompts = [repetitive_prompt(1), random_prompt(9, 4)]
+    truths = [Decoder(target, None, GenerationConfig(max_new_tokens=48)).generate(p).output_token_ids for p in prompts]
+    made = iter(range(2 * len(prompts)))
+
+    def proposer():
+        if setup == "plain":
+            return None
+        if setup == "ngram":
+            return create_proposer("ngram", target, num_speculative_tokens=4)
+        if setup == "scripted":  # the truth, wrong at known positions: every acceptance length occurs
+            truth = truths[next(made) % len(prompts)]
+            return ScriptedProposer(truth, 4, target.vocab_size, wrong_positions={2, 3, 9, 15, 16, 17, 30})
+        options = {"tree": TREE} if setup in ("medusa-tree", "typical-t0") else {"num_speculative_tokens": 3}
+        return MedusaProposer.from_options(target, heads=random_heads(), **options)
+
+    device = [Decoder(target, proposer(), config).generate(p) for p in prompts]
+    monkeypatch.setattr(decode_module, "verifies_greedily", lambda params: False)  # the host path: verify()
+    host = [Decoder(target, proposer(), config).generate(p) for p in prompts]
+    for a, b in zip(device, host):
+        assert a.output_token_ids == b.output_token_ids
+        assert a.counters == b.counters
+        assert a.finish_reason == b.finish_reason
+    if setup != "plain":
+        assert sum(r.counters.num_drafts for r in device) > 0
+    if setup not in ("plain", "ngram"):
+        assert sum(r.counters.num_accepted_tokens for r in device) > 0
