@@ -53,6 +53,7 @@ class MedusaProposer(Proposer):
                     f"num_speculative_tokens (K) must be in 1..{num_heads} (the checkpoint's Medusa heads), got {depth}"
                 )
         self.heads = heads.eval()
+        self.heads.stack()  # per-head parameters become views of stacked tensors: all heads in one matmul per layer
         self.lm_head = lm_head
         self.depth = depth  # heads actually run per step
         device = next(heads.parameters()).device
@@ -107,13 +108,16 @@ class MedusaProposer(Proposer):
         """(H,) hidden state -> (depth, V) logits of the heads this proposer uses.
 
         Only those heads run: each vocab projection is as large as the target's lm_head, so running
-        unused heads would cost a noticeable fraction of a target step.
+        unused heads would cost a noticeable fraction of a target step. They run together on the
+        heads' stacked weights (MedusaHeads.stack; no copy of the weights is kept): L batched
+        matmuls for the residual blocks, then one batched matmul for the vocab projections, or one
+        matmul with the target's lm_head for version-2 heads.
         """
-        x = hidden_state.to(next(self.heads.parameters()).dtype)  # (H,)
-        hidden = torch.stack([self.heads.blocks[h](x) for h in range(self.depth)])  # (depth, H)
-        if self.heads.lm_heads is None:
-            return self.lm_head(hidden)  # (depth, V)
-        return torch.stack([self.heads.lm_heads[h](hidden[h]) for h in range(self.depth)])  # (depth, V)
+        stacked = self.heads.stack()  # the cached stacked tensors unless the heads' parameters were replaced
+        x = hidden_state.to(stacked.block_bias.dtype)  # (H,)
+        if stacked.vocab_weight is None:
+            return self.lm_head(stacked.hidden(x, self.depth))  # (depth, V)
+        return stacked.logits(x, self.depth)  # (depth, V)
 
     def draft_from_logits(self, head_logits: torch.Tensor) -> Draft:
         """(depth, V) head logits -> the chain of top-1 tokens, or the tree of top-k candidates."""
