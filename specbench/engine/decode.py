@@ -17,7 +17,7 @@ import torch
 from specbench.engine.draft import Draft
 from specbench.engine.sampling import SamplingParams
 from specbench.engine.target import Target
-from specbench.engine.device_verification import greedy_on_device
+from specbench.engine.device_verification import greedy_on_device, rejection_chain_on_device
 from specbench.engine.verification import verifies_greedily, verify
 from specbench.metrics import RequestTiming, SpecCounters
 from specbench.engine.proposer import Proposer, ProposerState
@@ -115,6 +115,8 @@ class Decoder:
             out = self.target.verify(verify_ids, draft.depths(), tree_mask)
             if greedy:  # on the device, one device-to-host transfer
                 accepted_nodes, _, new = greedy_on_device(draft, verify_ids, out.logits, is_chain=is_chain)
+            elif is_chain and sampling.rule == "rejection":  # likewise; trees are verified on the host
+                accepted_nodes, _, new = rejection_chain_on_device(draft, verify_ids, out.logits, sampling, generator)
             else:
                 verdict = verify(draft, out.logits, sampling, generator)
                 accepted_nodes = verdict.accepted_nodes

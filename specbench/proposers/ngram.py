@@ -1,8 +1,17 @@
 """N-gram / prompt-lookup proposer: match the context's last n tokens earlier in the context and
-propose the K tokens that followed the most recent match, trying the longest n first."""
+propose the K tokens that followed the most recent match, trying the longest n first.
+
+The proposer keeps a host mirror of the request's history: ``begin_request`` copies the prompt to
+the host once, and each ``propose`` copies only the tokens emitted since the previous call
+(``state.token_ids[len(mirror):]``, a few tokens), never the whole device history. For every n it
+also keeps, per n-gram, the most recent start among the n-grams that end before the last token, so
+a lookup costs O(1) and the index grows by the new tokens only. The draft is a device view of the
+history, so drafting moves no tokens back to the device either.
+"""
 
 from __future__ import annotations
 
+import torch
 
 from specbench.engine.draft import Draft
 from specbench.engine.proposer import Proposer, ProposerState
@@ -21,6 +30,7 @@ class NgramProposer(Proposer):
         self.k = num_speculative_tokens
         self.min_n = min_n
         self.max_n = max_n
+        self._reset(None)  # no request begun: the first propose copies its whole context once
 
     @classmethod
     def from_options(cls, target, num_speculative_tokens: int = 3, min_n: int = 1, max_n: int = 3) -> "NgramProposer":
@@ -33,15 +43,39 @@ class NgramProposer(Proposer):
     def describe(self) -> dict:
         return {"name": self.name, "num_speculative_tokens": self.k, "min_n": self.min_n, "max_n": self.max_n}
 
+    def _reset(self, history: list[int] | None) -> None:
+        self._history = history  # host mirror of the request's token history
+        sizes = range(self.min_n, self.max_n + 1)
+        self._last_start: dict[int, dict[tuple[int, ...], int]] = {n: {} for n in sizes}  # n-gram -> latest start
+        self._next_start = {n: 0 for n in sizes}  # first start not yet indexed, per n
+
+    def begin_request(self, prompt_ids: torch.Tensor) -> None:
+        """Start a request: the prompt is copied to the host once; the mirror and index are reset."""
+        self._reset(torch.as_tensor(prompt_ids).flatten().tolist())
+
+    def _sync(self, token_ids: torch.Tensor) -> list[int]:
+        """Bring the mirror up to ``token_ids`` (the device history), copying only the new tokens."""
+        history = self._history
+        length = token_ids.numel()
+        if history is None or length < len(history):  # no request begun, or a shorter (new) context
+            self._reset(token_ids.tolist())
+        elif length > len(history):
+            history.extend(token_ids[len(history) :].tolist())  # (new,) the tokens emitted since the last call
+        history = self._history
+        for n, last_start in self._last_start.items():
+            # index the n-grams that end before the last token: starts up to length - 1 - n
+            for start in range(self._next_start[n], length - n):
+                last_start[tuple(history[start : start + n])] = start
+            self._next_start[n] = max(self._next_start[n], length - n)
+        return history
+
     def propose(self, state: ProposerState) -> Draft | None:
-        context = state.token_ids.cpu()  # (T,)
-        length = context.numel()
+        context = self._sync(state.token_ids)
+        length = len(context)
         for n in range(min(self.max_n, length - 1), self.min_n - 1, -1):
-            suffix = context[length - n :]  # (n,)
-            windows = context[: length - 1].unfold(0, n, 1)  # (T - n, n): every earlier n-gram
-            starts = (windows == suffix).all(dim=1).nonzero().flatten()  # match start positions
-            if starts.numel():
-                begin = int(starts[-1]) + n
-                continuation = context[begin : begin + self.k]  # (<= K,)
-                return Draft.chain(continuation.to(state.token_ids.device))
+            start = self._last_start[n].get(tuple(context[length - n :]))  # the most recent earlier match
+            if start is not None:
+                begin = start + n
+                end = min(begin + self.k, length)
+                return Draft.chain(state.token_ids[begin:end].clone())  # (<= K,) on the history's device
         return None
