@@ -19,8 +19,9 @@ from specbench.engine.sampling import SamplingParams, target_probs
 from specbench.proposers.ngram import NgramProposer
 from _prompts import repetitive_prompt
 from test_rejection_sampling import (
-    ALL_LOGITS, LOGITS, P_FLOOR, P_WRONG, Q_CHAIN, ROOT, exact_pairs, p_value, pair_counts, point_mass_chain,
+    ALL_LOGITS, LOGITS, P_FLOOR, P_WRONG, Q_CHAIN, exact_pairs, p_value, pair_counts,
 )
+from test_rejection_sampling import first_tokens as decode_first_tokens
 
 # 8,000 decodes (5,000 with top-p): the cell counts and the chi-square approximation are argued in
 # test_rejection_sampling (DEPTH_SAMPLES); every test checks two joints, (t1, t2) and (t2, t3), each
@@ -37,27 +38,8 @@ def device_rule(draft: Draft, logits: torch.Tensor, params, gen):
 
 
 def first_tokens(params, *, draft_probs: bool, rule=device_rule, samples: int = SAMPLES, n: int = 3) -> torch.Tensor:
-    """(samples, n) first n tokens of a decode loop: draft a chain of 3, verify on the device, emit, repeat."""
-    gen = torch.Generator().manual_seed(2468)
-    pool = torch.multinomial(Q_CHAIN, samples * n, replacement=True, generator=gen).T.contiguous()  # (S * n, 3)
-    point_mass = {last: point_mass_chain(last) for last in range(7)}
-    out = torch.empty(samples, n, dtype=torch.long)
-    step = 0
-    for s in range(samples):
-        emitted: list[int] = []
-        while len(emitted) < n:
-            last = emitted[-1] if emitted else ROOT
-            if draft_probs:
-                draft = Draft.chain(pool[step], draft_probs=Q_CHAIN)
-                step += 1
-            else:
-                draft = point_mass[last]
-            logits = ALL_LOGITS[torch.cat([torch.tensor([last]), draft.tokens])]  # (4, 6): root, then each node
-            accepted, next_token, new = rule(draft, logits, params, gen)
-            assert new == draft.tokens[: len(accepted) - 1].tolist() + [next_token]
-            emitted += new
-        out[s] = torch.tensor(emitted[:n])
-    return out
+    """(samples, n) first n tokens of the decode loop of test_rejection_sampling, verifying on the device."""
+    return decode_first_tokens(params, draft_probs=draft_probs, rule=rule, samples=samples, n=n, seed=2468)
 
 
 @pytest.mark.parametrize(("params", "samples"), [

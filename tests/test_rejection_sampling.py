@@ -121,9 +121,20 @@ def point_mass_chain(last: int) -> Draft:
     return Draft.chain(torch.tensor(tokens))
 
 
-def first_tokens(params, *, draft_probs: bool, rule=verify_rejection, samples: int = DEPTH_SAMPLES, n: int = 3):
-    """(samples, n) first n tokens of a decode loop: draft a chain of 3, verify, emit, repeat."""
-    gen = torch.Generator().manual_seed(4321)
+def emitted_tokens(outcome, draft: Draft) -> list[int]:
+    """The tokens a step emits, from a Verdict (the host rules) or an (accepted, next_token, emitted)
+    triple (the device rules, which must agree with their own accepted prefix)."""
+    if isinstance(outcome, tuple):
+        accepted, next_token, emitted = outcome
+        assert emitted == draft.tokens[: len(accepted) - 1].tolist() + [next_token]
+        return emitted
+    return draft.tokens[[i - 1 for i in outcome.accepted_nodes[1:]]].tolist() + [outcome.next_token]
+
+
+def first_tokens(params, *, draft_probs: bool, rule=verify_rejection, samples: int = DEPTH_SAMPLES, n: int = 3,
+                 seed: int = 4321):
+    """(samples, n) first n tokens of a decode loop: draft a chain of 3, verify with ``rule``, emit, repeat."""
+    gen = torch.Generator().manual_seed(seed)
     # every step emits >= 1 token, so n steps per decode is the most a q-chain pool must hold
     pool = torch.multinomial(Q_CHAIN, samples * n, replacement=True, generator=gen).T.contiguous()  # (S * n, 3)
     point_mass = {last: point_mass_chain(last) for last in range(7)}
@@ -139,8 +150,7 @@ def first_tokens(params, *, draft_probs: bool, rule=verify_rejection, samples: i
             else:
                 draft = point_mass[last]
             logits = ALL_LOGITS[torch.cat([torch.tensor([last]), draft.tokens])]  # (4, 6): root, then each node
-            verdict = rule(draft, logits, params, gen)
-            emitted += draft.tokens[[i - 1 for i in verdict.accepted_nodes[1:]]].tolist() + [verdict.next_token]
+            emitted += emitted_tokens(rule(draft, logits, params, gen), draft)
         out[s] = torch.tensor(emitted[:n])
     return out
 
