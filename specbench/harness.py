@@ -4,7 +4,9 @@ per-request records, aggregate metrics with speedup, a lossless check, and the e
 from __future__ import annotations
 
 import datetime as _dt
+import gc
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -187,6 +189,36 @@ def generation_config(case: Case, tokenizer) -> GenerationConfig:
         eos_token_ids=eos,
         seed=case.seed,
     )
+
+
+# a RuntimeError with one of these in its message is a device fault, not a bug of the case
+_DEVICE_FAULT = re.compile(r"CUDA error|CUDA out of memory|CUBLAS|cuDNN", re.IGNORECASE)
+_REQUESTED = re.compile(r"Tried to allocate (\d+(?:\.\d+)? ?[KMGTP]?i?B)")
+
+
+def case_fault(err: BaseException) -> dict | None:
+    """``{"type", "message", "requested"}`` when ``err`` is a device fault of one case (torch.OutOfMemoryError,
+    which torch.cuda.OutOfMemoryError is, or a RuntimeError naming a CUDA, CUBLAS or cuDNN error), else None.
+    ``message`` is the first line of the error (torch's OOM message names the memory it tried to allocate there);
+    ``requested`` is that amount ("2.00 GiB"), or None when the message does not say."""
+    if not isinstance(err, torch.OutOfMemoryError) and not (
+            isinstance(err, RuntimeError) and _DEVICE_FAULT.search(str(err))):
+        return None
+    message = (str(err).strip().splitlines() or [""])[0]
+    requested = _REQUESTED.search(str(err))
+    return {"type": type(err).__name__, "message": message, "requested": requested.group(1) if requested else None}
+
+
+def fault_line(case_id: str, fault: dict) -> str:
+    """The one line a faulted case is reported by: ``<case_id>: ERROR <Type>: <first line of the message>``."""
+    return f"{case_id}: ERROR {fault['type']}" + (f": {fault['message']}" if fault["message"] else "")
+
+
+def free_device_memory() -> None:
+    """After a faulted case: collect what it left behind and give the CUDA caching allocator's blocks back."""
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 def run_case(case: Case, *, progress: bool = True, target=None, tokenizer=None) -> RunResult:

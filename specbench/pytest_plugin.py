@@ -185,17 +185,31 @@ def specbench_gate(request: pytest.FixtureRequest):
 
 @pytest.fixture
 def specbench_run(request: pytest.FixtureRequest, specbench_gate):
-    """Run a case (a Case, a dict, or "suite/name") through the harness, then gate it; returns the result dict."""
+    """Run a case (a Case, a dict, or "suite/name") through the harness, then gate it; returns the result dict.
+    A device fault of the case (out of memory, a CUDA/CUBLAS/cuDNN error) fails the test in one line (case id,
+    error type, message, the memory asked for), after freeing what the case left behind."""
     from specbench.cases import Case, find_case
-    from specbench.harness import run_case
+    from specbench.harness import case_fault, fault_line, free_device_memory, run_case
 
     def run(case) -> dict:
         if isinstance(case, str):
             (case,) = find_case(case)
         elif isinstance(case, dict):
             case = Case.from_dict(case)
-        result = run_case(case, progress=False).to_dict()
-        return specbench_gate(result)
+        try:
+            result = run_case(case, progress=False).to_dict()
+        except RuntimeError as err:
+            fault = case_fault(err)
+            if fault is None:
+                raise
+        else:
+            return specbench_gate(result)
+        # out of the except block: the traceback (and the frames holding the case's tensors) is gone
+        free_device_memory()
+        line = fault_line(case.case_id, fault)
+        request.config.stash[RESULTS_KEY].append({"case_id": case.case_id, "metrics": {}, "status": "ERROR",
+                                                  "detail": line})
+        pytest.fail(line, pytrace=False)
 
     return run
 
@@ -211,7 +225,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config)
         m = row["metrics"]
 
         def fmt(x, spec):
-            return "-" if x is None or x != x else format(x, spec)
+            return "-".rjust(int(spec.split(".")[0])) if x is None or x != x else format(x, spec)
 
         terminalreporter.write_line(
             f"{row['case_id']:40} {row['status']:8} {fmt(m.get('acceptance_rate'), '7.3f')} "

@@ -155,15 +155,26 @@ def _runnable(cases: list[Case], verbose: bool) -> list[Case]:
 
 
 def _run_one(case: Case, progress: bool) -> dict:
+    """The case's result dict; for a device fault (out of memory, a CUDA/CUBLAS/cuDNN error) an error entry
+    ``{"case", "case_id", "error": {"type", "message", "requested"}}`` instead, said in one line, after freeing
+    what the case left behind, so that the next case runs."""
     from safetensors import SafetensorError
 
-    from specbench.harness import run_case
+    from specbench.harness import case_fault, fault_line, free_device_memory, run_case
 
     try:
         return run_case(case, progress=progress).to_dict()
     except (json.JSONDecodeError, UnicodeDecodeError, SafetensorError) as err:
         # raised by transformers or tokenizers, naming no file; specbench's own readers name theirs
         raise load_error(case, err) from err
+    except RuntimeError as err:
+        fault = case_fault(err)
+        if fault is None:
+            raise
+    # out of the except block: the traceback (and the frames holding the case's tensors) is gone
+    free_device_memory()
+    print(fault_line(case.case_id, fault), flush=True)
+    return {"case": case.to_dict(), "case_id": case.case_id, "error": fault}
 
 
 def _run_cases(cases: list[Case], quiet: bool) -> list[dict]:
@@ -220,9 +231,13 @@ def _lossless_cell(check) -> str:
 
 
 def results_table(results: list[dict], reports: list) -> str:
+    """One row per result, its report alongside; an error entry (a faulted case, report None) reads ERROR."""
     header = ["case", "accept", "MAL", "per position", "tok/s", "plain tok/s", "speedup", "lossless"]
     rows = []
     for r, report in zip(results, reports):
+        if "error" in r:
+            rows.append([r["case_id"], "ERROR", *["-"] * 5, f"ERROR {r['error']['type']}"])
+            continue
         m = r["metrics"]
         per_position = "/".join(f"{x:.2f}" for x in m["per_position_acceptance_rate"]) or "-"
         rows.append([
@@ -278,21 +293,30 @@ def cmd_run(args: argparse.Namespace) -> int:
     from specbench.harness import to_json, write_json_atomic
 
     cases, changed = _cases_to_run(args)
-    results = _run_cases(_runnable(cases, args.verbose), args.quiet)
+    entries = _run_cases(_runnable(cases, args.verbose), args.quiet)  # results, and error entries of faulted cases
+    results = [entry for entry in entries if "error" not in entry]
+    errors = [entry for entry in entries if "error" in entry]
     gated = not args.no_gate and not args.update_baselines
     store = BaselineStore(args.baselines) if args.baselines else BaselineStore()
     reports = gate_results(results, store, gate=gated, overridden=changed)
-    print(results_table(results, reports))
+    in_order = iter(reports)
+    print(results_table(entries, [None if "error" in entry else next(in_order) for entry in entries]))
     if args.output:
-        payload = results[0] if len(results) == 1 else {"results": results}
+        payload = entries[0] if len(entries) == 1 else {"results": entries}
         write_json_atomic(args.output, to_json(payload))
         print(f"wrote {args.output}")
+    if errors and not args.no_history:
+        # a history record is a run with metrics: a faulted case has none
+        print(f"not recorded in the results history (no metrics): {', '.join(e['case_id'] for e in errors)}",
+              file=sys.stderr)
     if args.update_baselines:
         _store(results, args.baselines)
-        _record(results, None, args)
-        return 0
+        if results:
+            _record(results, None, args)
+        return 1 if errors else 0
     print()
     print("\n".join(gate_lines(reports, changed, verbose=args.verbose)))
     # a --no-gate run records no gate outcome: it was not compared with anything
-    _record(results, reports if gated else None, args)
-    return exit_status(reports)
+    if results:
+        _record(results, reports if gated else None, args)
+    return 1 if errors else exit_status(reports)
