@@ -154,3 +154,16 @@ def test_every_published_tree_builds_consistent_buffers():
     names = json.loads(_published_trees_file().read_text())
     for name in names:
         _check_buffers(load_tree(name))
+
+
+def test_tree_drafts_carry_their_shape_from_the_host():
+    """A tree step must not read its chain-ness or depth back from device-resident parents: the tree knows
+    them from its paths, and they agree with what Draft would compute from the parents."""
+    tree = TreeBuffers.from_paths([[0], [1], [0, 0], [0, 1], [0, 0, 0]])
+    draft = tree.draft(torch.zeros(3, 2, dtype=torch.long))
+    assert (draft.precomputed_is_chain, draft.precomputed_depth) == (False, 3)
+    recomputed = Draft(tokens=draft.tokens, parents=draft.parents)
+    assert (recomputed.is_chain, recomputed.depth()) == (False, 3)
+    chain_tree = TreeBuffers.from_paths([[0], [0, 0]])
+    assert chain_tree.is_chain and chain_tree.draft(torch.zeros(2, 1, dtype=torch.long)).is_chain
+    assert Draft.chain(torch.tensor([5, 6, 7])).precomputed_depth == 3

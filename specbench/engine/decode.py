@@ -114,7 +114,7 @@ class Decoder:
             tree_mask = None if is_chain else draft.tree_mask()  # (N + 1, N + 1)
             out = self.target.verify(verify_ids, draft.depths(), tree_mask)
             if greedy:  # on the device, one device-to-host transfer
-                accepted_nodes, _, new = greedy_on_device(draft, verify_ids, out.logits, is_chain=is_chain)
+                accepted_nodes, _, new = greedy_on_device(draft, verify_ids, out.logits)
             elif is_chain and sampling.rule == "rejection":  # likewise; trees are verified on the host
                 accepted_nodes, _, new = rejection_chain_on_device(draft, verify_ids, out.logits, sampling, generator)
             else:
@@ -122,7 +122,7 @@ class Decoder:
                 accepted_nodes = verdict.accepted_nodes
                 new = verify_ids[accepted_nodes[1:]].tolist() + [verdict.next_token]
             self.target.commit(accepted_nodes, num_verified=verify_ids.numel())
-            counters.record_step(len(draft) if is_chain else draft.depth(), len(accepted_nodes) - 1)
+            counters.record_step(draft.depth(), len(accepted_nodes) - 1)
             hidden = out.hidden_states[accepted_nodes[-1]]  # (H,) predicted the last emitted token
             end = length + len(new)
             if end > tokens.numel():  # a proposer drafting beyond its max_draft_tokens

@@ -17,8 +17,8 @@ def greedy_on_device(
     Returns ``(accepted_nodes, next_token, emitted)``, exactly what ``verify_greedy`` and the decode loop
     compute: the accepted path root first, the target's token after it, and the tokens the step emits
     (the accepted draft tokens, then ``next_token``). Every tensor op stays on the device; the only
-    device-to-host transfer is one ``.tolist()`` of a packed int64 tensor. ``is_chain`` may pass the
-    caller's ``draft.is_chain`` so it is not recomputed; a tree reads its ancestor matrix from
+    device-to-host transfer is one ``.tolist()`` of a packed int64 tensor. ``is_chain`` overrides
+    ``draft.is_chain`` (a chain-shaped tree verifies alike either way); a tree reads its ancestor matrix from
     ``draft.tree_mask()``, which the draft computes once (a static tree's buffers hold it precomputed).
     """
     n = len(draft)

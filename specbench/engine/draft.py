@@ -24,6 +24,10 @@ class Draft:
     # precomputed, already validated buffers so the hot loop never rebuilds them
     precomputed_depths: torch.Tensor | None = field(default=None, repr=False, compare=False)  # (N + 1,)
     precomputed_tree_mask: torch.Tensor | None = field(default=None, repr=False, compare=False)  # (N + 1, N + 1)
+    # known on the host by whoever built the draft (a chain, a static tree): reading them off device-resident
+    # parents would cost a device-to-host sync every decode step
+    precomputed_is_chain: bool | None = field(default=None, repr=False, compare=False)
+    precomputed_depth: int | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         n = self.tokens.numel()
@@ -44,14 +48,17 @@ class Draft:
     def chain(cls, tokens: torch.Tensor, draft_probs: torch.Tensor | None = None) -> "Draft":
         """A linear draft: each token continues the previous one."""
         parents = torch.arange(tokens.numel(), dtype=torch.long, device=tokens.device)  # (K,)
-        return cls(tokens=tokens.long(), parents=parents, draft_probs=draft_probs)
+        return cls(tokens=tokens.long(), parents=parents, draft_probs=draft_probs,
+                   precomputed_is_chain=True, precomputed_depth=tokens.numel())
 
     def __len__(self) -> int:
         return self.tokens.numel()
 
     @property
     def is_chain(self) -> bool:
-        return bool((self.parents == torch.arange(len(self), device=self.parents.device)).all())
+        if self.precomputed_is_chain is None:
+            self.precomputed_is_chain = bool((self.parents == torch.arange(len(self), device=self.parents.device)).all())
+        return self.precomputed_is_chain
 
     def depths(self) -> torch.Tensor:
         """(N + 1,) depth of every verify-input node; the root has depth 0."""
@@ -65,7 +72,9 @@ class Draft:
 
     def depth(self) -> int:
         """Length of the longest candidate path: the draft tokens this step counts (metrics.py)."""
-        return int(self.depths().max()) if len(self) else 0
+        if self.precomputed_depth is None:
+            self.precomputed_depth = int(self.depths().max()) if len(self) else 0
+        return self.precomputed_depth
 
     def tree_mask(self) -> torch.Tensor:
         """(N + 1, N + 1) bool: row i attends to column j iff j is i or an ancestor of i."""

@@ -43,6 +43,10 @@ class _StepBuffers:
     depths: torch.Tensor  # (W,) int64 position offsets from the cache end, padded with 0
     tree: torch.Tensor  # (W, W) bool; padded rows see only themselves, no real row sees a padded one
     gather: torch.Tensor  # (W,) int64 accepted nodes padded with the identity (tree commits)
+    # the draft tensors last written into depths / tree: a static tree hands over the same immutable
+    # tensors every step, so rewriting them would be launches for nothing on the hot path
+    depths_source: torch.Tensor | None = None
+    tree_source: torch.Tensor | None = None
 
     @classmethod
     def allocate(cls, width: int, device) -> "_StepBuffers":
@@ -219,11 +223,14 @@ class StaticTarget:
         buffers = self._buffers[kind]
         buffers.ids[n:].zero_()
         buffers.ids[:n].copy_(input_ids.flatten())
-        buffers.depths[n:].zero_()
-        buffers.depths[:n].copy_(depths.flatten())
-        if kind == "tree":
+        if depths is not buffers.depths_source:
+            buffers.depths[n:].zero_()
+            buffers.depths[:n].copy_(depths.flatten())
+            buffers.depths_source = depths
+        if kind == "tree" and tree_mask is not buffers.tree_source:
             buffers.tree.zero_().diagonal().fill_(True)  # padded rows: themselves only
             buffers.tree[:n, :n].copy_(tree_mask)
+            buffers.tree_source = tree_mask
         logits, hidden = self._step(kind, buffers)  # (W, V), (W, H)
         self._pending = (kind, n)
         self.verify_widths.setdefault(kind, Counter())[width] += 1

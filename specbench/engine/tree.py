@@ -45,6 +45,11 @@ class TreeBuffers:
         return max((len(p) for p in self.paths), default=0)
 
     @property
+    def is_chain(self) -> bool:
+        """A tree of one path per depth (sorted by length, node i's parent is node i - 1)."""
+        return [len(p) for p in self.paths] == list(range(1, self.num_nodes + 1))
+
+    @property
     def top_k(self) -> int:
         """Candidates each head must supply: the largest rank used, plus one."""
         return max((max(p) for p in self.paths), default=-1) + 1
@@ -93,6 +98,8 @@ class TreeBuffers:
             parents=self.parents.to(table.device),
             precomputed_depths=self.depths,
             precomputed_tree_mask=self.tree_mask,
+            precomputed_is_chain=self.is_chain,
+            precomputed_depth=self.max_depth,
         )
 
     def to(self, device: torch.device | str) -> "TreeBuffers":
