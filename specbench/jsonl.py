@@ -15,12 +15,17 @@ def describe_json_error(err: json.JSONDecodeError) -> str:
     return f"invalid JSON ({what} at column {err.colno})"
 
 
-def read_text(path: Path, label: str, what: str = "JSON") -> str:
-    """A UTF-8 text file; a binary or mis-encoded one is a ValueError naming it."""
+def decode_text(raw: bytes, label: str, what: str = "JSON") -> str:
+    """UTF-8 bytes as text; a binary or mis-encoded file is a ValueError naming it."""
     try:
-        return Path(path).read_text(encoding="utf-8")
+        return raw.decode("utf-8")
     except UnicodeDecodeError as err:
         raise ValueError(f"{label}: not UTF-8 text ({err.reason} at byte {err.start}); {what} files must be UTF-8") from None
+
+
+def read_text(path: Path, label: str, what: str = "JSON") -> str:
+    """A UTF-8 text file; a binary or mis-encoded one is a ValueError naming it."""
+    return decode_text(Path(path).read_bytes(), label, what)
 
 
 def iter_json_lines(text: str, label: str) -> Iterator[tuple[int, str, object]]:

@@ -8,7 +8,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from specbench.jsonl import iter_json_lines, non_blank_line_numbers, read_text
+from specbench.jsonl import decode_text, iter_json_lines, non_blank_line_numbers
 from specbench.prompts import sources
 from specbench.prompts.records import DatasetUnavailable, Prompt, PromptSet
 
@@ -113,7 +113,8 @@ def read_split(data_dir: str | os.PathLike | None, split: str) -> Split:
             f"{sources.DATA_DIR_ENV} at the directory that holds it. Zoo builds never download it."
         )
     records = []
-    for _, where, record in iter_json_lines(read_text(path, str(path)), str(path)):
+    raw = path.read_bytes()  # read once: the records and the build record's hash come from the same bytes
+    for _, where, record in iter_json_lines(decode_text(raw, str(path)), str(path)):
         for key in ("question", "answer"):
             if not isinstance(record, dict) or not isinstance(record.get(key), str):
                 found = repr(record.get(key))[:60] if isinstance(record, dict) else type(record).__name__
@@ -121,4 +122,4 @@ def read_split(data_dir: str | os.PathLike | None, split: str) -> Split:
         records.append({"question": record["question"], "answer": record["answer"]})
     if not records:
         raise ValueError(f"{path}: holds no records")
-    return Split(records=records, path=path, sha256=hashlib.sha256(path.read_bytes()).hexdigest())
+    return Split(records=records, path=path, sha256=hashlib.sha256(raw).hexdigest())
