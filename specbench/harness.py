@@ -15,7 +15,7 @@ from tqdm.auto import tqdm
 
 from specbench import strict_json
 from specbench.atomic_write import write_text_atomic
-from specbench.cases import Case, expand_ref
+from specbench.cases import DTYPE_NAMES, Case, expand_ref
 from specbench.checkpoints.tiny import BUILTIN_TARGETS
 from specbench.engine.decode import Decoder, GenerationConfig, GenerationResult
 from specbench.engine.hf_target import HFTarget
@@ -27,7 +27,7 @@ from specbench.prompts import load_prompts, synthetic_prompts
 from specbench.proposers import create_proposer
 
 RESULT_SCHEMA_VERSION = 1
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPES = {name: getattr(torch, name) for name in DTYPE_NAMES}  # the names cases.py validates, as torch dtypes
 
 
 def parse_dtype(name: str) -> torch.dtype:

@@ -19,6 +19,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from specbench.medusa.checkpoint import load_medusa_heads, save_medusa_heads
 from specbench.env import environment_fingerprint
+from specbench.harness import DTYPES
 from specbench.medusa.heads import MedusaHeads, MedusaHeadsConfig
 from specbench.medusa.training import head_topk_accuracy, train_medusa_heads
 from specbench.medusa.tree_calibration import calibrate_tree, expected_acceptance_length, rank_accuracies, save_tree_json
@@ -38,7 +39,6 @@ from specbench.zoo.tokenizer import encode_documents, train_tokenizer
 TARGET_REF = "specbench-ref/gsm8k-tiny"  # written into the Medusa config as base_model_name_or_path
 MAX_TOTAL_BYTES = 25_000_000  # the zoo ships inside the package and travels with it to GPU machines
 PROMPT_FORMAT = "zero-shot: 'Question: <question>\\nAnswer:' (specbench.prompts.format_gsm8k_prompt, no exemplars)"
-_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 # offsets from the build seed, one per random stream, so changing one stage never shifts another
 _SEED_OFFSETS = {"target_init": 0, "target_data": 1, "heads_init": 2, "heads_data": 3, "prefix_cuts": 4, "draft_init": 5, "draft_data": 6}
 
@@ -48,7 +48,7 @@ class BuildExists(FileExistsError, ValueError):
 
 
 def _save_lm(model, tokenizer, directory: Path, dtype: str) -> None:
-    model.to(_DTYPES[dtype]).save_pretrained(directory, safe_serialization=True)
+    model.to(DTYPES[dtype]).save_pretrained(directory, safe_serialization=True)
     tokenizer.save_pretrained(directory)
 
 
@@ -126,7 +126,7 @@ def _run_pipeline(staging: Path, config: ZooBuildConfig, scale: str, data_dir, d
             heads, hidden, tokens, steps=config.heads_steps, lr=config.heads_lr, batch_size=config.heads_batch_size,
             seed=seeds["heads_data"], device=device, head_decay=config.heads_decay, progress=progress,
         )
-        save_medusa_heads(heads.to(_DTYPES[config.weights_dtype]), staging / "medusa", layout="fasterdecoding",
+        save_medusa_heads(heads.to(DTYPES[config.weights_dtype]), staging / "medusa", layout="fasterdecoding",
                           base_model_name_or_path=TARGET_REF, weights_format="safetensors")
         heads = load_medusa_heads(staging / "medusa", hidden_size=heads_config.hidden_size, vocab_size=heads_config.vocab_size, dtype=torch.float32).to(device)
         topk = head_topk_accuracy(heads, heldout_hidden, heldout_tokens, config.tree_top_k)  # (heads, k) cumulative
