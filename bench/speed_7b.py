@@ -1,14 +1,15 @@
 """GPU speed benchmark on the 7B shape at batch 1: both engines side by side in one run.
 
 Measures, on the weights `specbench zoo synth` wrote, for each engine (static: preallocated cache and
-one CUDA graph per step kind; eager: HFTarget over transformers' dynamic cache): plain decoding tok/s;
+one CUDA graph per step kind over torch.compile-fused pointwise stages; static-unfused: the same graphs
+over the eager stages; eager: HFTarget over transformers' dynamic cache): plain decoding tok/s;
 verification cost T(k)/T(1) for k = 1..8 and a 63-node tree; speculative decoding at forced full
 acceptance (an oracle proposing the target's own greedy continuation) and at a synthetic per-position
 acceptance profile. Then transformers `generate` on the same weights (eager dynamic cache and static
 cache + torch.compile) as the peer, and the ceiling = copy bandwidth / weight bytes per token.
 Graph capture and warm-up are timed apart and never enter tok/s. Prints a table, writes JSON.
 
-    python bench/speed_7b.py SYNTH_DIR OUT_DIR [--engines static,eager] [--device cuda]
+    python bench/speed_7b.py SYNTH_DIR OUT_DIR [--engines static,static-unfused,eager] [--device cuda]
 """
 
 from __future__ import annotations
@@ -35,6 +36,9 @@ from specbench.proposers.scripted import ScriptedProposer  # noqa: E402
 # Medusa-1 on Vicuna-7B: published per-head top-1 accuracy (docs/checkpoints.md), used as a synthetic
 # per-position acceptance profile (position i accepted with this probability, given i-1 was)
 MEDUSA_PROFILE = (0.56, 0.32, 0.20, 0.15, 0.12)
+# bench engine name -> StaticTarget(compile=...)
+STATIC_ENGINES = {"static": True, "static-unfused": False}
+RATE_KEYS = ("tokens_per_s", "decode_tokens_per_s", "time_to_first_token_s", "mean_acceptance_length")
 
 
 def sync(device):
@@ -79,8 +83,13 @@ def time_verify(target, prompt: torch.Tensor, draft: Draft, reps: int) -> float:
 
 def decode_rate(target, proposer, prompt, new_tokens) -> dict:
     result = Decoder(target, proposer, GenerationConfig(max_new_tokens=new_tokens, ignore_eos=True)).generate(prompt)
-    return {"tokens_per_s": result.timing.tokens_per_s, "mean_acceptance_length": result.counters.mean_acceptance_length,
-            "output": result.output_token_ids, "peak_memory_bytes": result.timing.peak_memory_bytes}
+    timing = result.timing
+    # tokens_per_s counts the prefill (the harness's figure); decode_tokens_per_s the steps after the first
+    # token only, the steady state the verify-cost model (K + 1) * T(1) / T(K + 1) describes
+    return {"tokens_per_s": timing.tokens_per_s, "decode_tokens_per_s": 1.0 / timing.per_token_latency_s,
+            "time_to_first_token_s": timing.time_to_first_token_s,
+            "mean_acceptance_length": result.counters.mean_acceptance_length,
+            "output": result.output_token_ids, "peak_memory_bytes": timing.peak_memory_bytes}
 
 
 def hf_generate_rate(model, prompt, new_tokens, **kwargs) -> float:
@@ -132,7 +141,8 @@ def measure_engine(target, prompt, truth, args) -> dict:
     plain = decode_rate(target, None, prompt, args.new_tokens)
     decode_rate(target, None, prompt, args.new_tokens)  # a first full-length request pays any remaining cold costs
     plain = decode_rate(target, None, prompt, args.new_tokens)
-    figures: dict = {"plain": {"tokens_per_s": plain["tokens_per_s"], "matches_eager_greedy": plain["output"] == truth[: args.new_tokens]}}
+    figures: dict = {"plain": {key: plain[key] for key in RATE_KEYS}}
+    figures["plain"]["matches_eager_greedy"] = plain["output"] == truth[: args.new_tokens]
     kv = getattr(getattr(target, "_cache", None), "kv", None)
     if plain["peak_memory_bytes"] and kv is not None:  # the static engine: weights + its preallocated cache
         weights = sum(p.numel() * p.element_size() for p in target.module.parameters())
@@ -158,12 +168,18 @@ def measure_engine(target, prompt, truth, args) -> dict:
         oracle = ScriptedProposer(truth, k, vocab)
         decode_rate(target, oracle, prompt, 8)  # warm-up: the chain width K + 1 is sized and captured here
         full = decode_rate(target, oracle, prompt, args.new_tokens)
-        ideal = (k + 1) * plain["tokens_per_s"] / verify_cost[str(k + 1)]  # every step emits K + 1 at T(K+1)
-        figures[f"spec_full_acceptance_k{k}"] = {key: full[key] for key in ("tokens_per_s", "mean_acceptance_length")}
-        figures[f"spec_full_acceptance_k{k}"]["fraction_of_ideal"] = full["tokens_per_s"] / ideal
+        ideal = (k + 1) / verify_cost[str(k + 1)]  # every step emits K + 1 at T(K+1): this many times plain
+        oracle_figures = figures[f"spec_full_acceptance_k{k}"] = {key: full[key] for key in RATE_KEYS}
+        oracle_figures["fraction_of_ideal"] = full["decode_tokens_per_s"] / (ideal * plain["decode_tokens_per_s"])
+        oracle_figures["fraction_of_ideal_with_prefill"] = full["tokens_per_s"] / (ideal * plain["tokens_per_s"])
         profiled = decode_rate(target, ScriptedProposer(truth, k, vocab, position_accuracy=MEDUSA_PROFILE), prompt, args.new_tokens)
-        figures[f"spec_medusa_profile_k{k}"] = {key: profiled[key] for key in ("tokens_per_s", "mean_acceptance_length")}
+        figures[f"spec_medusa_profile_k{k}"] = {key: profiled[key] for key in RATE_KEYS}
     return figures
+
+
+def save_partial(out: Path, figures: dict) -> None:
+    print(f"-- {time.strftime('%H:%M:%S')} measured so far: {', '.join(sorted(figures))}", flush=True)
+    (out / "speed_7b.partial.json").write_text(json.dumps(figures, indent=2, default=str) + "\n")
 
 
 def medusa_tree(name: str) -> list[list[int]]:
@@ -185,13 +201,14 @@ def main() -> int:
     parser.add_argument("--prompt-len", type=int, default=128)
     parser.add_argument("--reps", type=int, default=20)
     parser.add_argument("--skip-compile", action="store_true", help="leave out static cache + torch.compile")
-    parser.add_argument("--engines", default="static,eager",
-                        help="comma-separated engines to measure: static-compile (graphs over torch.compile's fused "
-                        "kernels), static (graphs over the eager kernels), eager (HFTarget)")
+    parser.add_argument("--engines", default="static,static-unfused,eager",
+                        help="comma-separated engines to measure: static (one CUDA graph per step kind over "
+                        "torch.compile-fused pointwise stages, the engine's default on CUDA), static-unfused (the "
+                        "same graphs over the eager stages), eager (HFTarget)")
     args = parser.parse_args()
     engines = [e for e in args.engines.split(",") if e]
-    if not engines or set(engines) - {"static-compile", "static", "eager"}:
-        parser.error(f"--engines {args.engines!r}: expected a comma-separated list of static-compile, static, eager")
+    if not engines or set(engines) - set(STATIC_ENGINES) - {"eager"}:
+        parser.error(f"--engines {args.engines!r}: expected a comma-separated list of static, static-unfused, eager")
 
     device = torch.device(args.device)
     out = Path(args.out_dir)
@@ -237,6 +254,7 @@ def main() -> int:
     # their peak memory is theirs alone (weights + preallocated cache + activations)
     synth_target = str(Path(args.synth_dir) / "target")
     if "eager" in engines:
+        save_partial(out, figures)
         figures["eager"] = measure_engine(target, prompt, truth, args)
     del target, model
     import gc
@@ -246,9 +264,10 @@ def main() -> int:
     if device.type == "cuda":
         torch.cuda.empty_cache()
     for engine in [e for e in engines if e != "eager"]:
+        save_partial(out, figures)  # a call cut short by the device's time limit still leaves what it measured
         try:
             engine_target = StaticTarget.from_pretrained(synth_target, dtype=torch.bfloat16, device=device,
-                                                         compile=engine == "static-compile")
+                                                         compile=STATIC_ENGINES[engine])
             figures[engine] = measure_engine(engine_target, prompt, truth, args)
             figures[engine]["capture_seconds"] = engine_target.capture_seconds
         except Exception as err:  # noqa: BLE001 - one engine failing (e.g. a compile error) must not cost the others
@@ -275,7 +294,8 @@ def main() -> int:
         for k in (3, 5):
             full, profiled = measured[f"spec_full_acceptance_k{k}"], measured[f"spec_medusa_profile_k{k}"]
             rows.append((f"specbench {engine}: full acceptance, K={k} (MAL {full['mean_acceptance_length']:.2f}, "
-                         f"{full['fraction_of_ideal']:.2f} of ideal)", full["tokens_per_s"]))
+                         f"{full['fraction_of_ideal']:.2f} of ideal, {full['fraction_of_ideal_with_prefill']:.2f} with prefill)",
+                         full["tokens_per_s"]))
             rows.append((f"specbench {engine}: Medusa-7B profile, K={k} (MAL {profiled['mean_acceptance_length']:.2f})",
                          profiled["tokens_per_s"]))
     if "spec_full_acceptance_k3_cudnn_attention" in figures:
@@ -285,6 +305,10 @@ def main() -> int:
     for label, rate in rows:
         versus_compiled = f"{rate / compiled:12.2f}" if compiled else f"{'n/a':>12}"
         lines.append(f"{label:84} {rate:8.1f} {rate / ceiling:9.2f} {rate / peer:10.2f} {versus_compiled}")
+    for engine in engines:
+        plain_figures = figures[engine]["plain"]
+        lines.append(f"{engine}: plain decode phase {plain_figures['decode_tokens_per_s']:.1f} tok/s after a "
+                     f"{plain_figures['time_to_first_token_s'] * 1e3:.1f} ms prefill of {args.prompt_len} tokens")
     for engine in engines:
         cost = figures[engine]["verify_cost_ratio"]
         lines.append(f"{engine}: T(1) = {figures[engine]['verify_seconds_k1'] * 1e3:.2f} ms; T(k)/T(1): "

@@ -275,8 +275,8 @@ def test_cuda_graph_replay_equals_the_eager_forward(dtype):
     """Graph capture must change nothing but launch count: the same tokens and counters as the eager
     static forward (same kernels, same order) for plain, chain and tree steps on the reference model."""
     model = load_target_model("specbench-ref/gsm8k-tiny", dtype=dtype, device="cuda")
-    graphed = StaticTarget.from_hf_model(model)
-    eager = StaticTarget.from_hf_model(model, cuda_graphs=False)
+    graphed = StaticTarget.from_hf_model(model, compile=False)
+    eager = StaticTarget.from_hf_model(model, cuda_graphs=False, compile=False)
     assert graphed.cuda_graphs and not eager.cuda_graphs
     prompt = torch.tensor(list(range(5, 40)))
     for target in (graphed, eager):  # the largest cache first: a cache that grows drops the graphs captured on it
@@ -296,8 +296,9 @@ def test_compiled_graphs_decode_as_the_eager_forward():
     """torch.compile fuses kernels and may reorder fp32 sums (~1e-6); the reference model's greedy margins
     are far wider, so tokens and counters must still equal the eager static forward's."""
     model = load_target_model("specbench-ref/gsm8k-tiny", dtype=torch.float32, device="cuda")
-    compiled = StaticTarget.from_hf_model(model, compile=True)
-    eager = StaticTarget.from_hf_model(model, cuda_graphs=False)
+    compiled = StaticTarget.from_hf_model(model)  # on CUDA the stages are compiled unless compile=False
+    eager = StaticTarget.from_hf_model(model, cuda_graphs=False, compile=False)
+    assert compiled.compiled and not eager.compiled
     prompt = torch.tensor(list(range(5, 40)))
     heads = MedusaProposer.from_options(compiled, path="specbench-ref/gsm8k-tiny-medusa", num_speculative_tokens=3).heads
     for target in (compiled, eager):

@@ -15,6 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from specbench.engine.static_ops import EAGER_OPS, StepOps
+
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
 EAGER_HINT = "run it with `--engine eager` (the transformers target, any causal LM)"
 # buffers older transformers versions saved with Llama weights; recomputed from the config here
@@ -131,31 +133,13 @@ def rope_inv_freq(shape: LlamaShape) -> torch.Tensor:
     return torch.where(medium, smoothed, scaled)
 
 
-def rotary_tables(inv_freq: torch.Tensor, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos, sin ``(W, D)`` for ``positions`` ``(W,)``, computed in fp32 on the fly (shape-stable, no table to outgrow)."""
-    freqs = positions.float()[:, None] * inv_freq[None, :]  # (W, D/2)
-    emb = torch.cat((freqs, freqs), dim=-1)  # (W, D)
-    return emb.cos().to(dtype), emb.sin().to(dtype)
-
-
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate ``x`` ``(heads, W, D)`` by the tables ``(W, D)`` (rotate-half convention)."""
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)  # (heads, W, D)
-    return x * cos + rotated * sin
-
-
 class RMSNorm(nn.Module):
+    """A norm's weight and eps; the forward pass calls :func:`~specbench.engine.static_ops.rms_norm` through the step's ops."""
+
     def __init__(self, size: int, eps: float):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(size))
         self.eps = eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # normalised in fp32 whatever the model dtype, as transformers does; F.rms_norm is one fused kernel on
-        # CUDA where the spelled-out formula is five, and a 7B step runs 65 norms
-        h = F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps)  # (W, H)
-        return self.weight * h.to(x.dtype)
 
 
 class Attention(nn.Module):
@@ -171,21 +155,18 @@ class Attention(nn.Module):
     def fuse(self) -> None:
         self.qkv.fuse(self.q_proj, self.k_proj, self.v_proj)
 
-    def forward(self, x, cos, sin, kv: torch.Tensor, slots: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """``x`` (W, H); ``kv`` (2, KVH, S, D) this layer's cache; ``slots`` (W,) where the new keys go;
+    def forward(self, x, cos, sin, kv: torch.Tensor, slots: torch.Tensor, mask: torch.Tensor, ops: StepOps) -> torch.Tensor:
+        """``x`` (W, H) normed input; ``kv`` (2, KVH, S, D) this layer's cache; ``slots`` (W,) where the new keys go;
         ``mask`` (W, K) bool over the first K cache slots (True = attend)."""
         width, nh, kvh = x.shape[0], self.num_heads, self.num_kv_heads
-        qkv = self.qkv(x).view(width, nh + 2 * kvh, self.head_dim).transpose(0, 1)  # (NH + 2 KVH, W, D)
-        qk = apply_rotary(qkv[: nh + kvh], cos, sin)  # (NH + KVH, W, D): q and k rotated in one pass
-        q, k, v = qk[:nh], qk[nh:], qkv[nh + kvh:]  # (NH, W, D), (KVH, W, D), (KVH, W, D)
-        kv[0].index_copy_(1, slots, k)  # written before attending: each node sees itself
-        kv[1].index_copy_(1, slots, v)
+        q, kv_new = ops.rope_qkv(self.qkv(x), cos, sin, nh, kvh)  # (1, NH, W, D), (2, KVH, W, D)
+        kv.index_copy_(2, slots, kv_new)  # written before attending: each node sees itself
         keys_len = mask.shape[-1]
         keys = kv[0, :, :keys_len][None]  # (1, KVH, K, D)
         values = kv[1, :, :keys_len][None]  # (1, KVH, K, D)
         # enable_gqa only when the head counts differ: it rules out the fused memory-efficient kernel, and
         # the math fallback is half a dozen kernels per layer
-        out = F.scaled_dot_product_attention(q[None], keys, values, attn_mask=mask, enable_gqa=kvh != nh)  # (1, NH, W, D)
+        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=kvh != nh)  # (1, NH, W, D)
         return self.o_proj(out[0].transpose(0, 1).reshape(width, nh * self.head_dim))  # (W, H)
 
 
@@ -225,9 +206,8 @@ class MLP(nn.Module):
     def fuse(self) -> None:
         self.gate_up.fuse(self.gate_proj, self.up_proj)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up(x).chunk(2, dim=-1)  # (W, I) each
-        return self.down_proj(F.silu(gate) * up)  # (W, H)
+    def forward(self, x: torch.Tensor, ops: StepOps) -> torch.Tensor:
+        return self.down_proj(ops.swiglu(self.gate_up(x)))  # (W, H)
 
 
 class DecoderLayer(nn.Module):
@@ -238,9 +218,14 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(s.hidden_size, s.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(s.hidden_size, s.rms_norm_eps)
 
-    def forward(self, x, cos, sin, kv, slots, mask) -> torch.Tensor:
-        h = x + self.self_attn(self.input_layernorm(x), cos, sin, kv, slots, mask)  # (W, H)
-        return h + self.mlp(self.post_attention_layernorm(h))  # (W, H)
+    def forward(self, x, normed, next_norm: RMSNorm, cos, sin, kv, slots, mask, ops: StepOps) -> tuple[torch.Tensor, torch.Tensor]:
+        """The residual stream ``x`` (W, H) and its input norm ``normed`` in; out, the stream after this layer
+        and its ``next_norm`` (the next layer's input norm, or the final norm): each residual add is fused
+        with the norm that follows it."""
+        attn = self.self_attn(normed, cos, sin, kv, slots, mask, ops)  # (W, H)
+        post = self.post_attention_layernorm
+        h, normed = ops.add_rms_norm(x, attn, post.weight, post.eps)  # (W, H) each
+        return ops.add_rms_norm(h, self.mlp(normed, ops), next_norm.weight, next_norm.eps)
 
 
 class LlamaBody(nn.Module):
@@ -263,14 +248,19 @@ class StaticLlamaForCausalLM(nn.Module):
             self.lm_head.weight = self.model.embed_tokens.weight
         self.register_buffer("inv_freq", rope_inv_freq(shape), persistent=False)  # (D/2,)
 
-    def forward(self, ids, positions, slots, mask, cache: torch.Tensor) -> torch.Tensor:
+    def forward(self, ids, positions, slots, mask, cache: torch.Tensor, ops: StepOps = EAGER_OPS) -> torch.Tensor:
         """Final-normed hidden states ``(W, H)`` of ``ids`` ``(W,)`` at ``positions`` ``(W,)``; their K/V
-        go to cache ``slots`` ``(W,)``; ``mask`` ``(W, K)`` bool says which of the first K slots each attends to."""
+        go to cache ``slots`` ``(W,)``; ``mask`` ``(W, K)`` bool says which of the first K slots each attends to.
+        ``ops`` runs the pointwise stages (:mod:`specbench.engine.static_ops`), fused or not."""
         x = self.model.embed_tokens(ids)  # (W, H)
-        cos, sin = rotary_tables(self.inv_freq, positions, x.dtype)  # (W, D) each
-        for layer, kv in zip(self.model.layers, cache):  # kv: (2, KVH, S, D)
-            x = layer(x, cos, sin, kv, slots, mask)
-        return self.model.norm(x)  # (W, H)
+        cos, sin = ops.rotary_tables(self.inv_freq, positions, x.dtype)  # (W, D) each
+        layers = self.model.layers
+        first = layers[0].input_layernorm
+        normed = ops.rms_norm(x, first.weight, first.eps)  # (W, H)
+        next_norms = [layer.input_layernorm for layer in layers[1:]] + [self.model.norm]
+        for layer, next_norm, kv in zip(layers, next_norms, cache):  # kv: (2, KVH, S, D)
+            x, normed = layer(x, normed, next_norm, cos, sin, kv, slots, mask, ops)
+        return normed  # (W, H)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden).float()  # (W, V)

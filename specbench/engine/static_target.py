@@ -19,6 +19,7 @@ import torch
 
 from specbench.engine.static_cache import StaticKVCache
 from specbench.engine.static_llama import EAGER_HINT, SUPPORTED_MODEL_TYPES, LlamaShape, StaticLlamaForCausalLM, UnsupportedModel
+from specbench.engine.static_ops import EAGER_OPS, compiled_ops
 from specbench.engine.target import TargetOutput
 
 # cache slots allocated when nothing reserved more (a 128k-context config would otherwise take GBs)
@@ -63,7 +64,7 @@ class StaticTarget:
 
     def __init__(
         self, module: StaticLlamaForCausalLM, config, *, max_context: int | None = None, source: str = "model",
-        cuda_graphs: bool = True, compile: bool = False,
+        cuda_graphs: bool = True, compile: bool | None = None,
     ):
         shape = module.shape
         window = shape.sliding_window
@@ -93,18 +94,16 @@ class StaticTarget:
         self._captured: dict[str, _CapturedStep] = {}
         self._graph_pool = None
         self.capture_seconds = 0.0  # warm-up + capture time, reported apart from decoding speed
-        # A graph replays every kernel the eager forward launches, ~25 per layer, and on a 7B step those
-        # small kernels cost as much GPU time as the weight reads (measured on an H200: 6.9 ms per step
-        # against 4.1 ms of matmuls). torch.compile fuses the norms, rotary and activations into a few
-        # kernels per layer; one dynamic-shape compile serves every verify width, each width still its graph.
-        self.compiled = compile
-        self._verify_forward = (
-            torch.compile(self._forward, dynamic=True, fullgraph=True) if compile else self._forward
-        )
+        # A graph replays every kernel the forward launches, and spelled out in eager PyTorch a Llama layer
+        # runs ~25 small ones around its four matmuls: on a 7B step they cost ~40% of the weight reads
+        # (H200, docs/engines.md). compile fuses each pointwise stage into one kernel (static_ops); the
+        # matmuls, attention and cache writes stay as they are, and prefill keeps the eager stages.
+        self.compiled = self.device.type == "cuda" if compile is None else bool(compile)
+        self._ops = compiled_ops() if self.compiled else EAGER_OPS
 
     @classmethod
     def from_hf_model(
-        cls, model, max_context: int | None = None, *, cuda_graphs: bool = True, compile: bool = False
+        cls, model, max_context: int | None = None, *, cuda_graphs: bool = True, compile: bool | None = None
     ) -> "StaticTarget":
         """Over a transformers ``LlamaForCausalLM`` / ``MistralForCausalLM`` / ``Qwen2ForCausalLM``: its weights are
         shared, except q/k/v and gate/up, which are fused into new tensors."""
@@ -119,7 +118,7 @@ class StaticTarget:
     @classmethod
     def from_pretrained(
         cls, ref, *, dtype: torch.dtype = torch.float32, device="cpu", max_context: int | None = None,
-        cuda_graphs: bool = True, compile: bool = False,
+        cuda_graphs: bool = True, compile: bool | None = None,
     ) -> "StaticTarget":
         """Load a checkpoint directory (or any reference ``resolve_model_dir`` accepts) without transformers' model code."""
         from transformers import AutoConfig
@@ -251,7 +250,7 @@ class StaticTarget:
     def _step(self, kind: str, buffers: _StepBuffers) -> tuple[torch.Tensor, torch.Tensor]:
         """The kind's verify forward: a graph replay when graphs are on (captured at the kind's first step)."""
         if not self.cuda_graphs:
-            return self._verify_forward(buffers)
+            return self._forward(buffers)
         captured = self._captured.get(kind)
         if captured is None or captured.buffers is not buffers:
             captured = self._captured[kind] = self._capture(buffers)
@@ -268,13 +267,13 @@ class StaticTarget:
         side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(side):
             for _ in range(2):  # (with compile, the first call also compiles: counted as capture time)
-                self._verify_forward(buffers)
+                self._forward(buffers)
         torch.cuda.current_stream(self.device).wait_stream(side)
         if self._graph_pool is None:
             self._graph_pool = torch.cuda.graph_pool_handle()  # one memory pool shared by every kind's graph
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self._graph_pool):
-            logits, hidden = self._verify_forward(buffers)
+            logits, hidden = self._forward(buffers)
         torch.cuda.synchronize(self.device)
         self.capture_seconds += time.perf_counter() - start
         return _CapturedStep(graph, buffers, logits, hidden)
@@ -285,7 +284,7 @@ class StaticTarget:
         width = buffers.ids.numel()
         positions = cache.length + buffers.depths  # (W,)
         mask = cache.attention_mask(buffers.tree)  # (W, S)
-        hidden = self.module(buffers.ids, positions, cache.new_slots(width), mask, cache.kv)  # (W, H)
+        hidden = self.module(buffers.ids, positions, cache.new_slots(width), mask, cache.kv, self._ops)  # (W, H)
         return self.module.logits(hidden), hidden  # (W, V), (W, H)
 
     @torch.inference_mode()

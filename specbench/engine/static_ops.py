@@ -1,0 +1,84 @@
+"""The pointwise stages between a static decoder step's matmuls, plain or fused by torch.compile (docs/engines.md).
+
+A Llama layer launches four matmuls and, spelled out in eager PyTorch, some twenty small kernels around
+them (norm casts, the weight multiply, rotary's halves, residual adds, the SwiGLU product). In a CUDA
+graph each small kernel still costs a launch slot and a pass over memory, and on a 7B step they add up
+to as much GPU time as a third of the weight reads. :class:`StepOps` names those stages as functions of
+their inputs only (no module state, no cache writes), so ``torch.compile`` can turn each into one kernel
+without touching the matmuls, the attention or the KV cache; :data:`EAGER_OPS` runs the same bodies
+uncompiled, which is what the CPU and every prefill use.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+
+def rotary_tables(inv_freq: torch.Tensor, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin ``(W, D)`` for ``positions`` ``(W,)``, computed in fp32 on the fly (shape-stable, no table to outgrow)."""
+    freqs = positions.float()[:, None] * inv_freq[None, :]  # (W, D/2)
+    emb = torch.cat((freqs, freqs), dim=-1)  # (W, D)
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """``x`` ``(W, H)`` normalised in fp32 whatever the model dtype, cast back, then scaled (transformers' order)."""
+    h = F.rms_norm(x.float(), (x.shape[-1],), eps=eps)  # (W, H) fp32
+    return weight * h.to(x.dtype)
+
+
+def add_rms_norm(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The residual stream ``x + delta`` ``(W, H)`` and its norm: one pass when fused."""
+    h = x + delta  # (W, H)
+    return h, rms_norm(h, weight, eps)
+
+
+def rope_qkv(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, num_heads: int, num_kv_heads: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Split the fused projection ``qkv`` ``(W, (NH + 2 KVH) * D)`` and rotate q and k by ``cos``, ``sin`` ``(W, D)``
+    (rotate-half convention). Returns q ``(1, NH, W, D)`` laid out for attention and the new keys and
+    values stacked ``(2, KVH, W, D)``, as one cache write takes them."""
+    width, d = qkv.shape[0], cos.shape[-1]
+    heads = qkv.view(width, num_heads + 2 * num_kv_heads, d).transpose(0, 1)  # (NH + 2 KVH, W, D)
+    qk = heads[: num_heads + num_kv_heads]  # (NH + KVH, W, D)
+    half = d // 2
+    rotated = torch.cat((-qk[..., half:], qk[..., :half]), dim=-1)  # (NH + KVH, W, D)
+    qk = qk * cos + rotated * sin  # q and k rotated in one pass
+    q = qk[:num_heads].unsqueeze(0).contiguous()  # (1, NH, W, D)
+    kv_new = torch.stack((qk[num_heads:], heads[num_heads + num_kv_heads:]))  # (2, KVH, W, D)
+    return q, kv_new
+
+
+def swiglu(gate_up: torch.Tensor) -> torch.Tensor:
+    """``silu(gate) * up`` of the fused gate/up projection ``(W, 2 I)`` -> ``(W, I)``."""
+    gate, up = gate_up.chunk(2, dim=-1)  # (W, I) each
+    return F.silu(gate) * up
+
+
+@dataclass(frozen=True)
+class StepOps:
+    """The stage functions one forward calls; the same signatures compiled or not."""
+
+    rotary_tables: Callable
+    rms_norm: Callable
+    add_rms_norm: Callable
+    rope_qkv: Callable
+    swiglu: Callable
+    compiled: bool = False
+
+
+EAGER_OPS = StepOps(rotary_tables, rms_norm, add_rms_norm, rope_qkv, swiglu)
+
+
+def compiled_ops() -> StepOps:
+    """Every stage through ``torch.compile`` (inductor, no CUDA graphs of its own: the caller captures the
+    whole step). Each stage specialises on its first shape and, when a second verify width arrives,
+    recompiles once with the width symbolic, so a run compiles each stage at most twice."""
+
+    def fused(fn: Callable) -> Callable:
+        return torch.compile(fn, fullgraph=True, dynamic=None)
+
+    return StepOps(*(fused(f) for f in (rotary_tables, rms_norm, add_rms_norm, rope_qkv, swiglu)), compiled=True)

@@ -1,0 +1,79 @@
+"""The static engine's pointwise stages: fused by torch.compile they compute what the eager stages do."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specbench.engine import static_ops
+from specbench.engine.static_ops import EAGER_OPS, compiled_ops
+from specbench.engine.static_target import StaticTarget
+from specbench.proposers.medusa import MedusaProposer
+from test_static_target import build, decode, random_heads
+
+NH, KVH, D = 4, 2, 16
+
+
+def stage_inputs(width: int, gen: torch.Generator) -> dict:
+    hidden = 32
+    positions = torch.randint(0, 200, (width,), generator=gen)
+    inv_freq = 1.0 / (10000.0 ** (torch.arange(0, D, 2).float() / D))  # (D/2,)
+    cos, sin = static_ops.rotary_tables(inv_freq, positions, torch.float32)  # (W, D)
+    return {
+        "rotary_tables": (inv_freq, positions, torch.float32),
+        "rms_norm": (torch.randn(width, hidden, generator=gen), torch.randn(hidden, generator=gen), 1e-6),
+        "add_rms_norm": (torch.randn(width, hidden, generator=gen), torch.randn(width, hidden, generator=gen),
+                         torch.randn(hidden, generator=gen), 1e-5),
+        "rope_qkv": (torch.randn(width, (NH + 2 * KVH) * D, generator=gen), cos, sin, NH, KVH),
+        "swiglu": (torch.randn(width, 48, generator=gen),),
+    }
+
+
+@pytest.fixture(scope="module")
+def fused():
+    return compiled_ops()
+
+
+@pytest.mark.parametrize("width", [1, 4, 64])  # plain, a K=3 chain, a 63-node tree: one recompile after the first
+def test_each_compiled_stage_matches_the_eager_stage(fused, width):
+    """Inductor may reorder an fp32 reduction (the norm's mean of squares) but computes the same formula:
+    agreement within 1e-5 relative to values of order 1 is a few ulps per element."""
+    gen = torch.Generator().manual_seed(width)
+    for name, args in stage_inputs(width, gen).items():
+        want, got = getattr(EAGER_OPS, name)(*args), getattr(fused, name)(*args)
+        want, got = (want, got) if isinstance(want, tuple) else ((want,), (got,))
+        for w, g in zip(want, got):
+            assert g.shape == w.shape and g.dtype == w.dtype, name
+            torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5, msg=lambda m: f"{name} (width {width}): {m}")
+
+
+def test_rope_qkv_hands_attention_and_the_cache_their_layouts():
+    gen = torch.Generator().manual_seed(0)
+    qkv, cos, sin, nh, kvh = stage_inputs(3, gen)["rope_qkv"]
+    q, kv_new = EAGER_OPS.rope_qkv(qkv, cos, sin, nh, kvh)
+    assert q.shape == (1, NH, 3, D) and q.is_contiguous()
+    assert kv_new.shape == (2, KVH, 3, D)
+    # values pass through unrotated: the last KVH heads of the projection
+    assert torch.equal(kv_new[1], qkv.view(3, NH + 2 * KVH, D)[:, NH + KVH:].transpose(0, 1))
+    # position 0 has cos 1 and sin 0: its queries and keys are the projection's own
+    zero = stage_inputs(1, gen)["rope_qkv"][0]
+    q0, kv0 = EAGER_OPS.rope_qkv(zero, torch.ones(1, D), torch.zeros(1, D), NH, KVH)
+    assert torch.equal(q0[0, :, 0], zero.view(NH + 2 * KVH, D)[:NH])
+    assert torch.equal(kv0[0, :, 0], zero.view(NH + 2 * KVH, D)[NH:NH + KVH])
+
+
+def test_compiled_static_target_decodes_as_the_eager_stages():
+    """On the CPU the stages stay eager unless asked; compiled (inductor's C++ kernels here, Triton on CUDA)
+    the random tiny model's greedy margins (initializer_range 0.2) dwarf fp32 reordering, so tokens and
+    counters must be equal for plain, chain and tree steps."""
+    model = build("llama3-rope-tied")
+    assert not StaticTarget.from_hf_model(model).compiled  # CPU default: eager stages
+    compiled, eager = StaticTarget.from_hf_model(model, compile=True), StaticTarget.from_hf_model(model, compile=False)
+    assert compiled.compiled and compiled._ops.compiled
+    heads = random_heads()
+    prompt = torch.arange(5, 30)
+    for use in (None, {"num_speculative_tokens": 3}, {"tree": [[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0]]}):
+        want = decode(eager, use and MedusaProposer.from_options(eager, heads=heads, **use), prompt, reserve=True)
+        got = decode(compiled, use and MedusaProposer.from_options(compiled, heads=heads, **use), prompt, reserve=True)
+        assert got.output_token_ids == want.output_token_ids, use
+        assert got.counters == want.counters, use
