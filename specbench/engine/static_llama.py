@@ -155,24 +155,27 @@ class Attention(nn.Module):
     def fuse(self) -> None:
         self.qkv.fuse(self.q_proj, self.k_proj, self.v_proj)
 
-    def forward(self, x, cos, sin, kv: torch.Tensor, slots: torch.Tensor, mask: torch.Tensor, ops: StepOps) -> torch.Tensor:
+    def forward(self, x, cos, sin, kv: torch.Tensor, slots: torch.Tensor, bias: torch.Tensor, ops: StepOps) -> torch.Tensor:
         """``x`` (W, H) normed input; ``kv`` (2, KVH, S, D) this layer's cache; ``slots`` (W,) where the new keys go;
-        ``mask`` (W, K) bool over the first K cache slots (True = attend)."""
+        ``bias`` (W, K) the additive attention bias over the first K cache slots (0 = attend, -inf = not)."""
         width, nh, kvh = x.shape[0], self.num_heads, self.num_kv_heads
-        q, kv_new = ops.rope_qkv(self.qkv(x), cos, sin, nh, kvh)  # (1, NH, W, D), (2, KVH, W, D)
+        qkv = ops.linear(x, self.qkv.weight, self.qkv.bias)  # (W, (NH + 2 KVH) * D)
+        q, kv_new = ops.rope_qkv(qkv, cos, sin, nh, kvh)  # (1, NH, W, D), (2, KVH, W, D)
         kv.index_copy_(2, slots, kv_new)  # written before attending: each node sees itself
-        keys_len = mask.shape[-1]
+        keys_len = bias.shape[-1]
         keys = kv[0, :, :keys_len][None]  # (1, KVH, K, D)
         values = kv[1, :, :keys_len][None]  # (1, KVH, K, D)
         # enable_gqa only when the head counts differ: it rules out the fused memory-efficient kernel, and
         # the math fallback is half a dozen kernels per layer
-        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=kvh != nh)  # (1, NH, W, D)
-        return self.o_proj(out[0].transpose(0, 1).reshape(width, nh * self.head_dim))  # (W, H)
+        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=bias, enable_gqa=kvh != nh)  # (1, NH, W, D)
+        o = self.o_proj
+        return ops.linear(out[0].transpose(0, 1).reshape(width, nh * self.head_dim), o.weight, o.bias)  # (W, H)
 
 
 class FusedLinear(nn.Module):
-    """Several Linears over one input as one matmul: their weights concatenated by rows; the originals
-    become views into the fused weight, so the state dict keeps its names and no weight is held twice."""
+    """Several Linears over one input as one matmul (the step's ``ops.linear`` over ``weight``, ``bias``): their
+    weights concatenated by rows; the originals become views into the fused weight, so the state dict keeps
+    its names and no weight is held twice."""
 
     def __init__(self):
         super().__init__()
@@ -191,8 +194,6 @@ class FusedLinear(nn.Module):
             offset += rows
         self.weight, self.bias = weight, bias  # plain attributes: the parts' parameters are the state dict
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)  # (W, sum of out features)
 
 
 class MLP(nn.Module):
@@ -207,7 +208,8 @@ class MLP(nn.Module):
         self.gate_up.fuse(self.gate_proj, self.up_proj)
 
     def forward(self, x: torch.Tensor, ops: StepOps) -> torch.Tensor:
-        return self.down_proj(ops.swiglu(self.gate_up(x)))  # (W, H)
+        gate_up, down = self.gate_up, self.down_proj
+        return ops.linear(ops.swiglu(ops.linear(x, gate_up.weight, gate_up.bias)), down.weight, down.bias)  # (W, H)
 
 
 class DecoderLayer(nn.Module):
@@ -218,11 +220,11 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(s.hidden_size, s.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(s.hidden_size, s.rms_norm_eps)
 
-    def forward(self, x, normed, next_norm: RMSNorm, cos, sin, kv, slots, mask, ops: StepOps) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, x, normed, next_norm: RMSNorm, cos, sin, kv, slots, bias, ops: StepOps) -> tuple[torch.Tensor, torch.Tensor]:
         """The residual stream ``x`` (W, H) and its input norm ``normed`` in; out, the stream after this layer
         and its ``next_norm`` (the next layer's input norm, or the final norm): each residual add is fused
         with the norm that follows it."""
-        attn = self.self_attn(normed, cos, sin, kv, slots, mask, ops)  # (W, H)
+        attn = self.self_attn(normed, cos, sin, kv, slots, bias, ops)  # (W, H)
         post = self.post_attention_layernorm
         h, normed = ops.add_rms_norm(x, attn, post.weight, post.eps)  # (W, H) each
         return ops.add_rms_norm(h, self.mlp(normed, ops), next_norm.weight, next_norm.eps)
@@ -254,16 +256,17 @@ class StaticLlamaForCausalLM(nn.Module):
         ``ops`` runs the pointwise stages (:mod:`specbench.engine.static_ops`), fused or not."""
         x = self.model.embed_tokens(ids)  # (W, H)
         cos, sin = ops.rotary_tables(self.inv_freq, positions, x.dtype)  # (W, D) each
+        bias = ops.attention_bias(mask, x.dtype)  # (W, K)
         layers = self.model.layers
         first = layers[0].input_layernorm
         normed = ops.rms_norm(x, first.weight, first.eps)  # (W, H)
         next_norms = [layer.input_layernorm for layer in layers[1:]] + [self.model.norm]
         for layer, next_norm, kv in zip(layers, next_norms, cache):  # kv: (2, KVH, S, D)
-            x, normed = layer(x, normed, next_norm, cos, sin, kv, slots, mask, ops)
+            x, normed = layer(x, normed, next_norm, cos, sin, kv, slots, bias, ops)
         return normed  # (W, H)
 
-    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(hidden).float()  # (W, V)
+    def logits(self, hidden: torch.Tensor, ops: StepOps = EAGER_OPS) -> torch.Tensor:
+        return ops.linear(hidden, self.lm_head.weight, None).float()  # (W, V)
 
     @classmethod
     def from_state_dict(cls, shape: LlamaShape, state: dict, *, dtype: torch.dtype, device, source: str) -> "StaticLlamaForCausalLM":

@@ -52,6 +52,13 @@ def rope_qkv(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, num_heads:
     return q, kv_new
 
 
+def attention_bias(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The boolean attention mask ``(W, K)`` (True = attend) as the additive bias attention adds to its scores:
+    0 where allowed, -inf elsewhere. Built once per forward; handed a boolean mask, attention would convert
+    it in every layer."""
+    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, float("-inf"))  # (W, K)
+
+
 def swiglu(gate_up: torch.Tensor) -> torch.Tensor:
     """``silu(gate) * up`` of the fused gate/up projection ``(W, 2 I)`` -> ``(W, I)``."""
     gate, up = gate_up.chunk(2, dim=-1)  # (W, I) each
@@ -63,22 +70,46 @@ class StepOps:
     """The stage functions one forward calls; the same signatures compiled or not."""
 
     rotary_tables: Callable
+    attention_bias: Callable
     rms_norm: Callable
     add_rms_norm: Callable
     rope_qkv: Callable
     swiglu: Callable
+    linear: Callable  # (x, weight, bias) -> x @ weight.T + bias: every projection and the lm_head
     compiled: bool = False
 
 
-EAGER_OPS = StepOps(rotary_tables, rms_norm, add_rms_norm, rope_qkv, swiglu)
+STAGES = (rotary_tables, attention_bias, rms_norm, add_rms_norm, rope_qkv, swiglu)
+EAGER_OPS = StepOps(*STAGES, linear=F.linear)
 
 
-def compiled_ops() -> StepOps:
+def compiled_ops(*, autotune_gemv: bool = False) -> StepOps:
     """Every stage through ``torch.compile`` (inductor, no CUDA graphs of its own: the caller captures the
     whole step). Each stage specialises on its first shape and, when a second verify width arrives,
-    recompiles once with the width symbolic, so a run compiles each stage at most twice."""
+    recompiles once with the width symbolic, so a run compiles each stage at most twice.
+
+    ``autotune_gemv`` also routes the one-row matmuls of plain decoding through max-autotune, where Triton
+    GEMV templates compete with cuBLAS for each weight shape (on an H200 they read a 7B step's weights at
+    0.88 of the copy bandwidth against cuBLAS's 0.82: docs/engines.md). Wider verify steps keep cuBLAS,
+    which autotuning did not beat there; tuning costs ~25 s of capture time per model shape."""
 
     def fused(fn: Callable) -> Callable:
         return torch.compile(fn, fullgraph=True, dynamic=None)
 
-    return StepOps(*(fused(f) for f in (rotary_tables, rms_norm, add_rms_norm, rope_qkv, swiglu)), compiled=True)
+    return StepOps(*(fused(f) for f in STAGES), linear=_autotuned_gemv() if autotune_gemv else F.linear, compiled=True)
+
+
+def _autotuned_gemv() -> Callable:
+    # one specialisation per weight shape (5 for a Llama; more when one process runs several models): raise
+    # dynamo's per-function limit (8), past which it would silently fall back to the untuned matmul
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
+    tuned = torch.compile(_linear, mode="max-autotune-no-cudagraphs", fullgraph=True, dynamic=False)
+
+    def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        return tuned(x, weight, bias) if x.shape[0] == 1 else F.linear(x, weight, bias)  # (W, out)
+
+    return linear
+
+
+def _linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return F.linear(x, weight, bias)  # (W, out)

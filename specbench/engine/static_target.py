@@ -99,7 +99,7 @@ class StaticTarget:
         # (H200, docs/engines.md). compile fuses each pointwise stage into one kernel (static_ops); the
         # matmuls, attention and cache writes stay as they are, and prefill keeps the eager stages.
         self.compiled = self.device.type == "cuda" if compile is None else bool(compile)
-        self._ops = compiled_ops() if self.compiled else EAGER_OPS
+        self._ops = compiled_ops(autotune_gemv=self.device.type == "cuda") if self.compiled else EAGER_OPS
 
     @classmethod
     def from_hf_model(
@@ -285,7 +285,7 @@ class StaticTarget:
         positions = cache.length + buffers.depths  # (W,)
         mask = cache.attention_mask(buffers.tree)  # (W, S)
         hidden = self.module(buffers.ids, positions, cache.new_slots(width), mask, cache.kv, self._ops)  # (W, H)
-        return self.module.logits(hidden), hidden  # (W, V), (W, H)
+        return self.module.logits(hidden, self._ops), hidden  # (W, V), (W, H)
 
     @torch.inference_mode()
     def commit(self, accepted_nodes: list[int], num_verified: int) -> None:
