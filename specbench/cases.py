@@ -31,6 +31,7 @@ ENGINE_NAMES = ("eager", "static")
 DEFAULT_N_SHOT = 1  # what harness.load_prompt_ids uses when a gsm8k case leaves n_shot out
 # a 32-bit seed, as numpy takes: prompt i runs with seed + i, which stays far from torch's signed 64-bit limit
 MAX_SEED = 2**32 - 1
+MAX_REPEATS = 100  # repeats of a case's whole prompt set in one run (the speed gates take their median)
 
 
 def _is_int(value) -> bool:
@@ -54,6 +55,7 @@ VALUE_RULES = {
     "device": (lambda v: isinstance(v, str) and bool(v), "a torch device name such as cpu, cuda or cuda:1"),
     "ignore_eos": (lambda v: isinstance(v, bool), "true or false"),
     "engine": (lambda v: v in ENGINE_NAMES, f"one of {', '.join(ENGINE_NAMES)}"),
+    "repeats": (lambda v: _is_int(v) and 1 <= v <= MAX_REPEATS, f"an integer from 1 to {MAX_REPEATS}"),
 }
 # where each rule's field lives in a case: top level, or inside its prompts / sampling / proposer table
 _NESTED_FIELDS = {"num_prompts": "prompts", "n_shot": "prompts", "temperature": "sampling",
@@ -77,6 +79,9 @@ class Case:
     engine: str = "eager"  # ENGINE_NAMES: which Target runs the case
     seed: int = 0
     ignore_eos: bool = False
+    # the prompt set is decoded this many times (plain and speculative alternating per prompt); speed is
+    # gated on the median over repeats, with an interval over requests and repeats (docs/metrics.md)
+    repeats: int = 1
     # per-metric gate tolerance overrides, e.g. {"acceptance_rate": 0.03}
     tolerances: dict = field(default_factory=dict)
     # quality metrics of random-weight targets mean nothing: set false to report but never gate them

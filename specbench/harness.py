@@ -221,11 +221,13 @@ def free_device_memory() -> None:
         torch.cuda.empty_cache()
 
 
-def run_case(case: Case, *, progress: bool = True, target=None, tokenizer=None) -> RunResult:
-    """Run ``case`` (plain, then speculative, per prompt, alternating so drift hits both alike)."""
+def run_case(case: Case, *, progress: bool = True, target=None, tokenizer=None, proposer=None) -> RunResult:
+    """Run ``case`` (plain, then speculative, per prompt, alternating so drift hits both alike). ``target``
+    and ``proposer`` replace the ones the case would load (benchmarks wrap them to inject slowdowns)."""
     if target is None:
         target, tokenizer = load_target(case)
-    proposer = build_proposer(case, target)
+    if proposer is None:
+        proposer = build_proposer(case, target)
     config = generation_config(case, tokenizer)
     sampling = config.sampling
     plain_decoder = Decoder(target, None, config)

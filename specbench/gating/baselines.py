@@ -34,7 +34,8 @@ SCHEMA_VERSION = 1
 FLOAT_SIGNIFICANT_DIGITS = 6
 BASELINES_DIR_ENV = "SPECBENCH_BASELINES_DIR"
 # case keys that decide how a run is judged or scheduled, not what it measures: editing them keeps the baseline
-NON_DEFINING_CASE_KEYS = ("tolerances", "gate_quality", "gate_speed", "min_gpu_gib", "description", "quality_baseline")
+NON_DEFINING_CASE_KEYS = ("tolerances", "gate_quality", "gate_speed", "min_gpu_gib", "description", "quality_baseline",
+                          "repeats")
 # what a case's quality reference (``quality_baseline``) may differ in: where and on which engine it runs, not
 # what it computes (the engines decode token for token alike: docs/engines.md)
 QUALITY_REFERENCE_FREE_KEYS = ("name", "device", "engine")

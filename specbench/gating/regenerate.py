@@ -85,6 +85,15 @@ def _sections(result: dict, command: str) -> tuple[dict, dict]:
     return (strict_json.json_safe(quality, FLOAT_SIGNIFICANT_DIGITS), strict_json.json_safe(speed, FLOAT_SIGNIFICANT_DIGITS))
 
 
+def baseline_entry(result: dict, *, command: str) -> dict:
+    """The entry ``update_baseline`` would store for ``result`` (no file touched): benchmarks gate later runs
+    against an earlier run of the same process with ``gates.compare_entry(later, baseline_entry(first, ...))``."""
+    result = as_result_dict(result)
+    quality, speed = _sections(result, command)
+    hardware_class = (result.get("env") or {}).get("hardware_class")
+    return {"case": result.get("case") or {}, "quality": quality, "speed": {hardware_class: speed} if hardware_class else {}}
+
+
 def _metric_lines(section: str, names, old: dict | None, new: dict) -> list[DiffLine]:
     lines = []
     for name in names:
