@@ -7,20 +7,23 @@
 #              and its large_gpu cases (lossless chain and 63-node tree, latency); stored as baselines too
 #   speed      bench/speed_7b.py on the synthetic 7B weights (writes SYNTH_DIR first when absent)
 #   static     only the static-engine cases (reference and synthetic), stored as baselines
+#   speed-cases  the GPU-bound speed suite (synthetic 7B and 1B on the static engine, repeats, 5% speed
+#              tolerances; `specbench zoo synth --shape 1b` into SPECBENCH_SYNTH_1B_DIR first), stored as baselines
 #   all        the three in turn
 # usage: bash bench/gpu_tier.sh OUT_DIR [STAGE...]     (from the repository root; default stage: all)
 # Logs, results (.jsonl), junit XML, the updated baselines/*.json and speed_7b.json land in OUT_DIR.
 # Env: SPECBENCH_DATA_DIR (default ./.data: gsm8k/, medusa_trees/), SPECBENCH_SYNTH_DIR (default
 # /tmp/specbench-synth-7b), PYTHON. Needs torch, transformers, pytest, pytest-benchmark, pandas; not `datasets`.
 set -euo pipefail
-out_dir=${1:?usage: bash bench/gpu_tier.sh OUT_DIR [reference|synth|speed|all ...]}
+out_dir=${1:?usage: bash bench/gpu_tier.sh OUT_DIR [reference|synth|speed|static|speed-cases|all ...]}
 shift
 stages=("${@:-all}")
-[[ " ${stages[*]} " == *" all "* ]] && stages=(reference synth speed)
+[[ " ${stages[*]} " == *" all "* ]] && stages=(reference synth speed speed-cases)
 mkdir -p "$out_dir"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
 export SPECBENCH_DATA_DIR=${SPECBENCH_DATA_DIR:-$PWD/.data}
 export SPECBENCH_SYNTH_DIR=${SPECBENCH_SYNTH_DIR:-/tmp/specbench-synth-7b}
+export SPECBENCH_SYNTH_1B_DIR=${SPECBENCH_SYNTH_1B_DIR:-/tmp/specbench-synth-1b}
 python=${PYTHON:-python3}
 status=0
 
@@ -29,11 +32,16 @@ synthesize() {
     "$python" -m specbench.cli zoo synth "$SPECBENCH_SYNTH_DIR" --device cuda 2>&1 | tee "$out_dir/synth.log"
 }
 
+synthesize_1b() {
+    [[ -f "$SPECBENCH_SYNTH_1B_DIR/synth_record.json" ]] && return 0
+    "$python" -m specbench.cli zoo synth "$SPECBENCH_SYNTH_1B_DIR" --shape 1b --device cuda 2>&1 | tee "$out_dir/synth_1b.log"
+}
+
 # run the large_gpu suites selected by -k, gated, then store their results as baselines of this GPU
 suites() {
     local name=$1 selection=$2
     # the repository's conftest.py loads the plugin when specbench is not pip-installed
-    "$python" -m pytest suites -m large_gpu -k "$selection" -rs -v -p no:cacheprovider \
+    "$python" -m pytest "${suite_files[@]:-suites}" -m large_gpu -k "$selection" -rs -v -p no:cacheprovider \
         --specbench-results "$out_dir/results_$name.jsonl" --junitxml "$out_dir/junit_$name.xml" \
         2>&1 | tee "$out_dir/large_gpu_$name.log" || status=$?
     if [[ -s "$out_dir/results_$name.jsonl" ]]; then
@@ -45,12 +53,14 @@ suites() {
 
 for stage in "${stages[@]}"; do
     echo "== stage $stage $(date -u +%H:%M:%S)"
+    suite_files=(suites/test_medusa.py suites/test_ngram.py suites/test_latency.py)
     case $stage in
         reference) suites reference "not synth" ;;
         synth) synthesize && suites synth "synth" ;;
-        static) synthesize && suites static "static" ;;
+        static) synthesize && suite_files=(suites/test_medusa.py suites/test_ngram.py) && suites static "static" ;;
+        speed-cases) synthesize && synthesize_1b && suite_files=(suites/test_speed.py) && suites speed_cases "synth" ;;
         speed) synthesize && { "$python" bench/speed_7b.py "$SPECBENCH_SYNTH_DIR" "$out_dir" 2>&1 | tee "$out_dir/speed_7b.log" || status=$?; } ;;
-        *) echo "gpu_tier.sh: unknown stage '$stage' (reference, synth, speed, static, all)" >&2; exit 2 ;;
+        *) echo "gpu_tier.sh: unknown stage '$stage' (reference, synth, speed, static, speed-cases, all)" >&2; exit 2 ;;
     esac
 done
 exit "$status"

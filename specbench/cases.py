@@ -56,6 +56,8 @@ VALUE_RULES = {
     "ignore_eos": (lambda v: isinstance(v, bool), "true or false"),
     "engine": (lambda v: v in ENGINE_NAMES, f"one of {', '.join(ENGINE_NAMES)}"),
     "repeats": (lambda v: _is_int(v) and 1 <= v <= MAX_REPEATS, f"an integer from 1 to {MAX_REPEATS}"),
+    "gate_speed": (lambda v: v is None or isinstance(v, bool) or v == "ratios",
+                   'true, false or "ratios" (same-run ratios only: for launch-bound cases)'),
 }
 # where each rule's field lives in a case: top level, or inside its prompts / sampling / proposer table
 _NESTED_FIELDS = {"num_prompts": "prompts", "n_shot": "prompts", "temperature": "sampling",
@@ -86,8 +88,9 @@ class Case:
     tolerances: dict = field(default_factory=dict)
     # quality metrics of random-weight targets mean nothing: set false to report but never gate them
     gate_quality: bool = True
-    # None: gate speed on GPUs only (CPU timings on shared machines are noise); true/false forces it
-    gate_speed: bool | None = None
+    # None: gate speed on GPUs only (CPU timings on shared machines are noise); true/false forces it;
+    # "ratios": gate only the same-run ratios (speedup, step costs), for cases whose absolute timings follow the host
+    gate_speed: bool | str | None = None
     # gate quality against this case's (same suite) quality baseline instead of its own: a CUDA fp32
     # twin of a CPU case must reproduce the CPU acceptance; the two may differ only in name and device
     quality_baseline: str | None = None

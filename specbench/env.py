@@ -21,11 +21,25 @@ FINGERPRINT_KEYS = (
     "python", "python_implementation", "platform", "machine", "cpu_model", "cpu_count",
     "torch", "transformers", "datasets", "specbench",
     "cuda_available", "cuda_version", "cudnn_version", "gpu_count", "gpu_name",
-    "gpu_memory_bytes", "gpu_memory_gib", "driver_version",
+    "gpu_memory_bytes", "gpu_memory_gib", "driver_version", "gpu_clocks",
     "device", "dtype", "git_commit", "git_dirty", "hardware_class",
 )
 _PROJECT_ROOT = Path(specbench.__file__).resolve().parent.parent
 _COMMAND_TIMEOUT_S = 10
+_CLOCKS_TIMEOUT_S = 2  # a fingerprint is taken after every run; a hung driver must not hold it up
+GPU_CLOCK_KEYS = (
+    "sm_clock_mhz", "sm_clock_max_mhz", "memory_clock_mhz", "memory_clock_max_mhz",
+    "power_draw_w", "power_limit_w", "pstate", "temperature_c", "throttle_reasons",
+)
+# bits of NVML's clocks-event (throttle) reason mask, in the order nvml.h defines them
+THROTTLE_REASONS = (
+    (0x1, "gpu_idle"), (0x2, "applications_clocks_setting"), (0x4, "sw_power_cap"), (0x8, "hw_slowdown"),
+    (0x10, "sync_boost"), (0x20, "sw_thermal_slowdown"), (0x40, "hw_thermal_slowdown"),
+    (0x80, "hw_power_brake_slowdown"), (0x100, "display_clock_setting"),
+)
+# nvidia-smi's names for GPU_CLOCK_KEYS, in that order
+_SMI_FIELDS = ("clocks.sm,clocks.max.sm,clocks.mem,clocks.max.mem,power.draw,power.limit,pstate,temperature.gpu,"
+               "clocks_throttle_reasons.active")
 
 
 def environment_fingerprint(device: str | None = None, dtype: str | None = None) -> dict:
@@ -61,6 +75,8 @@ def environment_fingerprint(device: str | None = None, dtype: str | None = None)
         "gpu_memory_bytes": memory_bytes,
         "gpu_memory_gib": memory_bytes / 2**30 if memory_bytes is not None else None,
         "driver_version": _driver_version(gpu_index) if gpu_index is not None else None,
+        # sampled by this call, so a fingerprint taken right after the timed work says what it ran at
+        "gpu_clocks": gpu_clocks(gpu_index) if gpu_index is not None else None,
         "device": device,
         "dtype": _dtype_name(dtype),
         "git_commit": commit,
@@ -100,6 +116,47 @@ def hardware_class(gpu_name: str | None) -> str:
     if not gpu_name or not gpu_name.strip():
         return "cpu"
     return re.sub(r"\s+", " ", gpu_name).strip()
+
+
+def gpu_clocks(index: int = 0) -> dict | None:
+    """Clocks, power, performance state, temperature and active throttle reasons of CUDA device
+    ``index`` (torch's numbering) as they are now: the GPU_CLOCK_KEYS plus "source" ("nvml" or
+    "nvidia-smi"). A field the GPU does not report is None; ``throttle_reasons`` is a list of names,
+    [] when none is active. Read through NVML (pynvml, the ``gpu`` extra) when it imports, else
+    nvidia-smi; None when neither answers (no GPU, no driver). Never raises."""
+    try:
+        selector = _nvidia_selector(index)
+        return _nvml_clocks(selector) or _smi_clocks(selector)
+    except Exception:  # the fingerprint is taken after a finished run; it must not lose that run
+        return None
+
+
+def clock_difference(run_env: dict, baseline_env: dict, *, tolerance: float = 0.05) -> str | None:
+    """A one-line note when the run's GPU ran at other clocks than its baseline's: the SM or memory
+    clock more than ``tolerance`` (relative) apart, another pstate, or a throttle reason other than
+    gpu_idle that the baseline lacked. None when they agree or either lacks clocks (old baselines)."""
+    run, base = (run_env or {}).get("gpu_clocks"), (baseline_env or {}).get("gpu_clocks")
+    if not isinstance(run, dict) or not isinstance(base, dict):
+        return None
+    parts = [_clock_part("SM", run.get("sm_clock_mhz"), base.get("sm_clock_mhz"), tolerance),
+             _clock_part("memory", run.get("memory_clock_mhz"), base.get("memory_clock_mhz"), tolerance),
+             _pstate_part(run.get("pstate"), base.get("pstate")),
+             _throttle_part(run.get("throttle_reasons"), base.get("throttle_reasons"))]
+    parts = [part for part in parts if part]
+    if not parts:
+        return None
+    return f"GPU clocks differ from the baseline's: {', '.join(parts)}; speed figures are not comparable"
+
+
+def throttle_reason_names(mask: int | None) -> list[str] | None:
+    """Names of the bits set in an NVML clocks-event (throttle) reason mask; None for None.
+    A bit nvml.h did not define at the time of writing is named by its value ("0x200")."""
+    if mask is None:
+        return None
+    known = [name for bit, name in THROTTLE_REASONS if mask & bit]
+    defined = sum(bit for bit, _ in THROTTLE_REASONS)
+    unknown = [f"0x{1 << n:x}" for n in range(64) if mask & ~defined & (1 << n)]
+    return known + unknown
 
 
 def _cuda_available() -> bool:
@@ -161,6 +218,121 @@ def _driver_version(index: int) -> str | None:
     return output.splitlines()[0].strip() if output else None
 
 
+def _clock_part(label: str, run: float | None, base: float | None, tolerance: float) -> str | None:
+    if run is None or base is None or base <= 0 or abs(run - base) / base <= tolerance:
+        return None
+    return f"{label} {run:g} MHz vs {base:g} MHz"
+
+
+def _pstate_part(run: str | None, base: str | None) -> str | None:
+    return f"pstate {run} vs {base}" if run and base and run != base else None
+
+
+def _throttle_part(run: list[str] | None, base: list[str] | None) -> str | None:
+    if run is None or base is None:  # unknown on either side: no claim about what changed
+        return None
+    new = [name for name in run if name != "gpu_idle" and name not in base]
+    return f"throttled by {'+'.join(new)} (the baseline was not)" if new else None
+
+
+def _nvidia_selector(index: int) -> str:
+    """How NVML and nvidia-smi name CUDA device ``index``: its UUID where torch knows it, since
+    CUDA_VISIBLE_DEVICES and CUDA_DEVICE_ORDER renumber devices for torch only; else the index."""
+    if _cuda_available():
+        import torch
+
+        try:
+            uuid = str(torch.cuda.get_device_properties(index).uuid)
+        except Exception:
+            uuid = ""
+        if uuid:
+            return uuid if uuid.startswith(("GPU-", "MIG-")) else f"GPU-{uuid}"
+    return str(index)
+
+
+def _nvml_clocks(selector: str) -> dict | None:
+    try:
+        import pynvml
+    except Exception:  # not installed (the optional ``gpu`` extra) or broken: nvidia-smi answers instead
+        return None
+    try:
+        pynvml.nvmlInit()
+    except Exception:  # no driver
+        return None
+    try:
+        getter = pynvml.nvmlDeviceGetHandleByIndex if selector.isdigit() else pynvml.nvmlDeviceGetHandleByUUID
+        handle = getter(int(selector) if selector.isdigit() else selector.encode())
+        return _clock_record(_nvml_fields(pynvml, handle), "nvml")
+    except Exception:
+        return None
+    finally:
+        try:
+            pynvml.nvmlShutdown()
+        except Exception:
+            pass
+
+
+def _nvml_fields(pynvml, handle) -> dict:
+    def ask(name: str, *args):
+        try:
+            return getattr(pynvml, name)(handle, *args)
+        except Exception:  # NVMLError_NotSupported and kin, or an older pynvml: that one field is unknown
+            return None
+
+    sm, mem = pynvml.NVML_CLOCK_SM, pynvml.NVML_CLOCK_MEM
+    power, limit = ask("nvmlDeviceGetPowerUsage"), ask("nvmlDeviceGetPowerManagementLimit")  # milliwatts
+    pstate = ask("nvmlDeviceGetPerformanceState")
+    reasons = ask("nvmlDeviceGetCurrentClocksEventReasons")  # the newer name of the throttle reasons
+    if reasons is None:
+        reasons = ask("nvmlDeviceGetCurrentClocksThrottleReasons")
+    return {
+        "sm_clock_mhz": ask("nvmlDeviceGetClockInfo", sm),
+        "sm_clock_max_mhz": ask("nvmlDeviceGetMaxClockInfo", sm),
+        "memory_clock_mhz": ask("nvmlDeviceGetClockInfo", mem),
+        "memory_clock_max_mhz": ask("nvmlDeviceGetMaxClockInfo", mem),
+        "power_draw_w": power / 1000 if power is not None else None,
+        "power_limit_w": limit / 1000 if limit is not None else None,
+        "pstate": f"P{pstate}" if isinstance(pstate, int) and 0 <= pstate <= 15 else None,  # 32: unknown
+        "temperature_c": ask("nvmlDeviceGetTemperature", pynvml.NVML_TEMPERATURE_GPU),
+        "throttle_reasons": throttle_reason_names(reasons),
+    }
+
+
+def _smi_clocks(selector: str) -> dict | None:
+    if shutil.which("nvidia-smi") is None:
+        return None
+    command = ["nvidia-smi", f"--query-gpu={_SMI_FIELDS}", "--format=csv,noheader,nounits", "-i", selector]
+    output = _run(command, timeout=_CLOCKS_TIMEOUT_S)
+    if not output:
+        return None
+    values = [value.strip() for value in output.splitlines()[0].split(",")]
+    if len(values) != len(GPU_CLOCK_KEYS):
+        return None
+    return _clock_record(dict(zip(GPU_CLOCK_KEYS, map(_smi_value, GPU_CLOCK_KEYS, values))), "nvidia-smi")
+
+
+def _smi_value(key: str, text: str):
+    """One nvidia-smi field as GPU_CLOCK_KEYS holds it; None for "[N/A]", "[Not Supported]" and the like."""
+    if not text or text.startswith("[") or text.upper() in ("N/A", "NOT SUPPORTED", "UNKNOWN"):
+        return None
+    try:
+        if key == "pstate":
+            return text
+        if key == "throttle_reasons":
+            return throttle_reason_names(int(text, 16))
+        number = float(text)
+    except ValueError:
+        return None
+    return number if key.endswith("_w") else int(number)
+
+
+def _clock_record(fields: dict, source: str) -> dict | None:
+    """``fields`` with their NVML/nvidia-smi ``source``, None when not one field was read."""
+    if all(fields.get(key) is None for key in GPU_CLOCK_KEYS):
+        return None
+    return {**{key: fields.get(key) for key in GPU_CLOCK_KEYS}, "source": source}
+
+
 def _cpu_model() -> str | None:
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as f:
@@ -201,12 +373,12 @@ def _git_state() -> tuple[str | None, bool | None]:
     return commit, (bool(status) if status is not None else None)
 
 
-def _run(command: list[str]) -> str | None:
+def _run(command: list[str], timeout: float = _COMMAND_TIMEOUT_S) -> str | None:
     """Stripped stdout of a read-only command, None when it is missing, fails or hangs."""
     # GIT_OPTIONAL_LOCKS=0 keeps `git status` from rewriting the index of the checkout it reads
     env = {**os.environ, "GIT_OPTIONAL_LOCKS": "0", "LC_ALL": "C"}
     try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=_COMMAND_TIMEOUT_S, env=env)
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env)
     except (OSError, subprocess.SubprocessError):
         return None
     return done.stdout.strip() if done.returncode == 0 else None

@@ -7,7 +7,7 @@ import datetime as _dt
 import gc
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -22,11 +22,13 @@ from specbench.engine.hf_target import HFTarget
 from specbench.engine.sampling import SamplingParams
 from specbench.engine.static_target import StaticTarget
 from specbench.env import environment_fingerprint
+from specbench.engine.step_costs import measure_step_costs
 from specbench.metrics import aggregate
+from specbench.speed import measurement_flags, repeat_record, speed_over_repeats
 from specbench.prompts import load_prompts, synthetic_prompts
 from specbench.proposers import create_proposer
 
-RESULT_SCHEMA_VERSION = 1
+RESULT_SCHEMA_VERSION = 2  # 2: requests carry their repeat; repeats and flags added
 DTYPES = {name: getattr(torch, name) for name in DTYPE_NAMES}  # the names cases.py validates, as torch dtypes
 
 
@@ -123,6 +125,8 @@ class RunResult:
     env: dict
     details: dict  # what the proposer and the prompt set resolved to (settings, source, fallbacks)
     created_at: str
+    repeats: list[dict] = field(default_factory=list)  # per repeat: its speed figures and step costs
+    flags: list[dict] = field(default_factory=list)  # measurement problems: {"kind", "message"}
 
     def to_dict(self) -> dict:
         return {
@@ -135,6 +139,8 @@ class RunResult:
             "env": self.env,
             "details": self.details,
             "created_at": self.created_at,
+            "repeats": self.repeats,
+            "flags": self.flags,
         }
 
 
@@ -149,10 +155,11 @@ def write_json_atomic(path: str | os.PathLike, text: str) -> None:
     write_text_atomic(path, text + "\n")
 
 
-def _request_record(prompt_id: str, spec: GenerationResult, plain: GenerationResult) -> dict:
+def _request_record(prompt_id: str, spec: GenerationResult, plain: GenerationResult, repeat: int = 0) -> dict:
     counters = spec.counters
     return {
         "prompt_id": prompt_id,
+        "repeat": repeat,
         "output_token_ids": spec.output_token_ids,
         "plain_output_token_ids": plain.output_token_ids,
         "num_drafts": counters.num_drafts,
@@ -165,6 +172,7 @@ def _request_record(prompt_id: str, spec: GenerationResult, plain: GenerationRes
         "plain_tokens_per_s": plain.timing.tokens_per_s,
         "time_to_first_token_s": spec.timing.time_to_first_token_s,
         "per_token_latency_s": spec.timing.per_token_latency_s,
+        "plain_per_token_latency_s": plain.timing.per_token_latency_s,
         "finish_reason": spec.finish_reason,
     }
 
@@ -243,18 +251,23 @@ def run_case(case: Case, *, progress: bool = True, target=None, tokenizer=None, 
     Decoder(target, None, warm).generate(prompts[0][1])
     Decoder(target, proposer, warm).generate(prompts[0][1])
 
-    plain_results, spec_results, records = [], [], []
-    for index, (prompt_id, ids) in enumerate(tqdm(prompts, desc=case.case_id, unit="prompt", disable=not progress)):
-        plain = plain_decoder.generate(ids, seed=case.seed + index)
-        spec = spec_decoder.generate(ids, seed=case.seed + index)
-        plain_results.append(plain)
-        spec_results.append(spec)
-        records.append(_request_record(prompt_id, spec, plain))
+    plain_results, spec_results, records, repeats = [], [], [], []
+    for repeat in range(case.repeats):
+        label = case.case_id if case.repeats == 1 else f"{case.case_id} [{repeat + 1}/{case.repeats}]"
+        plain_now, spec_now = [], []
+        for index, (prompt_id, ids) in enumerate(tqdm(prompts, desc=label, unit="prompt", disable=not progress)):
+            plain = plain_decoder.generate(ids, seed=case.seed + index)
+            spec = spec_decoder.generate(ids, seed=case.seed + index)
+            plain_now.append(plain)
+            spec_now.append(spec)
+            records.append(_request_record(prompt_id, spec, plain, repeat))
+        costs = measure_step_costs(target, proposer, prompts[0][1])
+        repeats.append(repeat_record(repeat, records[-len(prompts):], costs))
+        if repeat == 0:  # every repeat decodes the same tokens (same seeds): counters come from the first
+            plain_results, spec_results = plain_now, spec_now
 
     metrics = aggregate([r.counters for r in spec_results], [r.timing for r in spec_results])
-    plain_metrics = aggregate([r.counters for r in plain_results], [r.timing for r in plain_results])
-    metrics["plain_tokens_per_s"] = plain_metrics["tokens_per_s"]
-    metrics["speedup"] = metrics["tokens_per_s"] / plain_metrics["tokens_per_s"]
+    metrics.update(speed_over_repeats(repeats))
     # only greedy verification promises identical outputs; sampled runs differ legitimately
     correctness = lossless_report(
         [r.output_token_ids for r in plain_results], [r.output_token_ids for r in spec_results], checked=sampling.rule == "greedy"
@@ -263,4 +276,4 @@ def run_case(case: Case, *, progress: bool = True, target=None, tokenizer=None, 
     details = {"proposer": proposer.describe() if proposer else {"name": "none"}, "prompts": prompt_source,
                "engine": {"name": case.engine, "capture_seconds": getattr(target, "capture_seconds", 0.0)}}
     created_at = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-    return RunResult(case, metrics, records, correctness, env, details, created_at)
+    return RunResult(case, metrics, records, correctness, env, details, created_at, repeats, measurement_flags(metrics))

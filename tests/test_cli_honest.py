@@ -285,7 +285,7 @@ def test_baselines_show_an_unknown_suite_names_it_and_the_known_ones(tmp_path, c
     assert main(["baselines", "show", "nosuite", "--baselines", str(tmp_path)]) == 2
     assert error_line(capsys) == (
         f"specbench: error: no baselines stored for suite 'nosuite' in {tmp_path} (suites with baselines there: "
-        "medusa; built-in suites: demo, medusa, ngram); store them with `specbench baselines regenerate nosuite`")
+        "medusa; built-in suites: demo, medusa, ngram, speed); store them with `specbench baselines regenerate nosuite`")
     assert main(["baselines", "show", "medusa", "--baselines", str(tmp_path)]) == 0
     assert capsys.readouterr().out.startswith("medusa/chain-k3: acceptance ")
 
@@ -299,23 +299,23 @@ def test_default_output_is_a_line_per_case_and_one_per_kind_of_skip(fake_run, tm
     out = capsys.readouterr().out.splitlines()
     gate = out[out.index("") + 1:]
     path = baselines / "medusa.json"
-    assert gate == [f"medusa/chain-k3: PASSED (1 pass, 9 no_baseline) against {path}",
-                    f"medusa/tree-63: PASSED (1 pass, 9 no_baseline) against {path}",
-                    f"no baseline for 2 cases (18 metrics) in {path}; -v for details"]
+    assert gate == [f"medusa/chain-k3: PASSED (1 pass, 12 no_baseline) against {path}",
+                    f"medusa/tree-63: PASSED (1 pass, 12 no_baseline) against {path}",
+                    f"no baseline for 2 cases (24 metrics) in {path}; -v for details"]
 
     assert main(["run", "--no-history", "--update-baselines", "--baselines", str(baselines)]) == 0
     capsys.readouterr()
     assert main(["run", "--no-history", "--baselines", str(baselines)]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[out.index("") + 1:] == [
-        f"medusa/chain-k3: PASSED (6 pass, 4 skipped) against {path}",
-        f"medusa/tree-63: PASSED (6 pass, 4 skipped) against {path}",
-        "speed not gated on CPU for 2 cases (8 metrics): shared machines are too noisy (set gate_speed = true in a "
+        f"medusa/chain-k3: PASSED (6 pass, 7 skipped) against {path}",
+        f"medusa/tree-63: PASSED (6 pass, 7 skipped) against {path}",
+        "speed not gated on CPU for 2 cases (14 metrics): shared machines are too noisy (set gate_speed = true in a "
         "case to gate it); -v for details"]
 
     assert main(["run", "--no-history", "--baselines", str(baselines), "-v"]) == 0
     out = capsys.readouterr().out
-    assert out.count("CPU timings on shared machines are too noisy to gate") == 8
+    assert out.count("CPU timings on shared machines are too noisy to gate") == 14
     assert out.count("exact_match ok") == 2
 
 

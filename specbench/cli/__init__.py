@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from specbench.cli.baselines_command import cmd_baselines_regenerate, cmd_baselines_show
+from specbench.cli.baselines_command import cmd_baselines_migrate, cmd_baselines_regenerate, cmd_baselines_show
 from specbench.cli.env_command import cmd_env
 from specbench.cli.errors import user_errors
 from specbench.cli.parser import (
@@ -33,7 +33,7 @@ from specbench.cli.run_command import (
 __all__ = [
     "BASELINES_HELP", "DEFAULT_SUITE", "EPILOG", "EXPLICIT_FLAGS", "REFERENCE_MEDUSA", "REFERENCE_TARGET",
     "REFERENCE_TREE", "RUN_DESCRIPTION", "RUN_SETTINGS_HELP", "OneLineErrorParser", "UsageError", "build_parser",
-    "cmd_baselines_regenerate", "cmd_baselines_show", "cmd_env", "cmd_run", "exit_status", "gate_lines",
+    "cmd_baselines_migrate", "cmd_baselines_regenerate", "cmd_baselines_show", "cmd_env", "cmd_run", "exit_status", "gate_lines",
     "gate_results", "lossless_report", "main", "results_table",
 ]
 

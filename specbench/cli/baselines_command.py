@@ -1,4 +1,4 @@
-"""``specbench baselines regenerate`` and ``specbench baselines show``: store and print the stored baselines."""
+"""``specbench baselines regenerate``, ``show`` and ``migrate``: store, print and upgrade the stored baselines."""
 
 from __future__ import annotations
 
@@ -72,4 +72,29 @@ def cmd_baselines_show(args: argparse.Namespace) -> int:
             f"{case_id}: acceptance {_fmt(quality['acceptance_rate'])}, MAL {_fmt(quality['mean_acceptance_length'], 2)}, "
             f"per position {[round(x, 3) for x in quality['per_position_acceptance_rate']]}; {speed}"
         )
+    return 0
+
+
+def cmd_baselines_migrate(args: argparse.Namespace) -> int:
+    """Rewrite every baseline file of an older schema at the current one (atomically), printing what changed."""
+    import json
+
+    from specbench.atomic_write import write_text_atomic
+    from specbench.gating.baselines import BaselineStore, format_baseline_file, validate_baseline_file
+    from specbench.gating.migrate import SCHEMA_VERSION, migrate
+
+    store = BaselineStore(args.baselines) if args.baselines else BaselineStore()
+    if not store.directory.is_dir():
+        raise ValueError(f"baseline directory {store.directory} does not exist; pass the directory that holds "
+                         "<suite>.json files with --baselines")
+    for path in sorted(store.directory.glob("*.json")):
+        store.load(path.stem)  # a file that does not validate after migration stops here, named
+        data = json.loads(path.read_text(encoding="utf-8"))
+        migrated, passed = migrate(data)
+        if not passed:
+            print(f"{path}: schema {data.get('schema')}, current")
+            continue
+        write_text_atomic(path, format_baseline_file(validate_baseline_file(migrated, path)))
+        print(f"{path}: schema {' -> '.join(str(n) for n in [*passed, SCHEMA_VERSION])} "
+              f"({len(migrated['cases'])} cases)")
     return 0

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from specbench.cases import DTYPE_NAMES, ENGINE_NAMES, argument_type, builtin_suites, parse_device
-from specbench.cli.baselines_command import cmd_baselines_regenerate, cmd_baselines_show
+from specbench.cli.baselines_command import cmd_baselines_migrate, cmd_baselines_regenerate, cmd_baselines_show
 from specbench.cli.env_command import cmd_env
 from specbench.cli.run_command import DEFAULT_SUITE, REFERENCE_MEDUSA, REFERENCE_TARGET, REFERENCE_TREE, cmd_run
 
@@ -185,6 +185,13 @@ def _add_baselines_command(sub) -> None:
     show.add_argument("suite", nargs="?", help="only this suite's cases (default: every stored suite)")
     show.add_argument("--baselines", metavar="DIR", help=BASELINES_HELP)
     show.set_defaults(func=cmd_baselines_show)
+    migrate = baselines_sub.add_parser(
+        "migrate", help="rewrite baseline files of an older format at the current one",
+        description="Upgrade every <suite>.json of an older schema in place (atomically): what an old file "
+        "did not record becomes null and its gates skip until the case is regenerated; nothing it held changes. "
+        "Older files are also read as the current schema without this, so it only saves the rewrite.")
+    migrate.add_argument("--baselines", metavar="DIR", help=BASELINES_HELP)
+    migrate.set_defaults(func=cmd_baselines_migrate)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -3,7 +3,7 @@
 
 ``baselines/<suite>.json`` (pretty-printed, sorted keys, floats to 6 significant digits, NaN as null)::
 
-    {"schema": 1, "suite": "medusa", "cases": {"medusa-chain-k3": {
+    {"schema": 2, "suite": "medusa", "cases": {"medusa-chain-k3": {
         "case": {...},              # the case dict it was recorded for; a different one is an error
         "tolerances": {...},        # optional per-case overrides of gates.DEFAULT_TOLERANCES, hand-edited
         "quality": {                # hardware-independent, stored once
@@ -12,11 +12,16 @@
             "correctness": {checked, exact, match_fraction},
             "provenance": {git_commit, date, command, env}},
         "speed": {"<env.hardware_class>": {
-            "metrics": {tokens_per_s, speedup, time_to_first_token_s, per_token_latency_s},
-            "requests": [{prompt_id, tokens_per_s, plain_tokens_per_s, time_to_first_token_s, per_token_latency_s}],
+            "metrics": {tokens_per_s, speedup, time_to_first_token_s, per_token_latency_s, decode_speedup,
+                        verify_cost_ratio, draft_cost_ratio},
+            "requests": [{prompt_id, repeat, tokens_per_s, plain_tokens_per_s, time_to_first_token_s, per_token_latency_s,
+                          plain_per_token_latency_s}],
+            "repeats": [{repeat, t1_s, verify_s, draft_s, verify_width, ...}],   # per repeat: speed and step costs
             "provenance": {...}}}}}}
 
 The per-request values let the gates bootstrap a confidence interval of the difference to the baseline.
+Files of an older schema are migrated when read (specbench.gating.migrate; `specbench baselines migrate`
+rewrites them).
 """
 
 from __future__ import annotations
@@ -29,8 +34,8 @@ from pathlib import Path
 from specbench import strict_json
 from specbench.gating.intervals import DEFAULT_CONFIDENCE, DEFAULT_NUM_RESAMPLES
 from specbench.gating.gates import QUALITY_METRICS, SPEED_METRICS, GateReport, compare_entry, resolve_tolerances
+from specbench.gating.migrate import SCHEMA_VERSION, migrate
 
-SCHEMA_VERSION = 1
 FLOAT_SIGNIFICANT_DIGITS = 6
 BASELINES_DIR_ENV = "SPECBENCH_BASELINES_DIR"
 # case keys that decide how a run is judged or scheduled, not what it measures: editing them keeps the baseline
@@ -43,7 +48,9 @@ REGENERATE_HINT = ("regenerate it with `specbench baselines regenerate <suite>` 
                    "--update-baselines`, or pytest `--specbench-update-baselines`), or restore it from git")
 
 QUALITY_REQUEST_FIELDS = ("prompt_id", "num_drafts", "num_draft_tokens", "num_accepted_tokens", "accepted_per_position")
-SPEED_REQUEST_FIELDS = ("prompt_id", "tokens_per_s", "plain_tokens_per_s", "time_to_first_token_s", "per_token_latency_s")
+SPEED_REQUEST_FIELDS = ("prompt_id", "repeat", "tokens_per_s", "plain_tokens_per_s", "time_to_first_token_s",
+                        "per_token_latency_s", "plain_per_token_latency_s")
+REPEAT_FIELDS = ("repeat", "t1_s", "verify_s", "draft_s", "verify_width")
 PROVENANCE_FIELDS = ("git_commit", "date", "command", "env")
 _SUITE_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
 
@@ -143,7 +150,10 @@ def validate_baseline_file(data, path: Path) -> dict:
         _validate_section(entry["quality"], f"{where}.quality", path, QUALITY_METRICS, QUALITY_REQUEST_FIELDS,
                           extra_keys=("correctness",))
         for hardware_class, speed in _require(entry["speed"], (), f"{where}.speed", path).items():
-            _validate_section(speed, f"{where}.speed.{hardware_class}", path, SPEED_METRICS, SPEED_REQUEST_FIELDS)
+            section = f"{where}.speed.{hardware_class}"
+            _validate_section(speed, section, path, SPEED_METRICS, SPEED_REQUEST_FIELDS, extra_keys=("repeats",))
+            for i, record in enumerate(_require(speed["repeats"], (), f"{section}.repeats", path, kind=list)):
+                _require(record, REPEAT_FIELDS, f"{section}.repeats[{i}]", path)
     return data
 
 
@@ -172,7 +182,7 @@ class BaselineStore:
         except json.JSONDecodeError as err:
             raise BaselineFileError(f"{path}: not valid JSON ({err.msg} at line {err.lineno}, column {err.colno}); "
                                     f"{REGENERATE_HINT}") from None
-        return validate_baseline_file(data, path)
+        return validate_baseline_file(migrate(data)[0], path)  # an older schema is read as the current one
 
     def entry(self, case_id: str) -> dict | None:
         suite, name = split_case_id(case_id)

@@ -39,24 +39,33 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field
 
-from specbench.gating.intervals import DEFAULT_CONFIDENCE, DEFAULT_NUM_RESAMPLES, bootstrap_interval
+from specbench.env import clock_difference
+from specbench.gating.intervals import (DEFAULT_CONFIDENCE, DEFAULT_NUM_RESAMPLES, REPEAT_LEVEL_METRICS, bootstrap_interval,
+                                        first_repeat)
 
 HIGHER_IS_BETTER = "higher_is_better"
 LOWER_IS_BETTER = "lower_is_better"
 
 QUALITY_METRICS = ("acceptance_rate", "mean_acceptance_length", "per_position_acceptance_rate")
-SPEED_METRICS = ("tokens_per_s", "speedup", "time_to_first_token_s", "per_token_latency_s")
+# absolute timings follow the host on a launch-bound case; same-run ratios do not (docs/metrics.md#gates)
+ABSOLUTE_SPEED_METRICS = ("tokens_per_s", "time_to_first_token_s", "per_token_latency_s")
+RATIO_METRICS = ("speedup", "decode_speedup", "verify_cost_ratio", "draft_cost_ratio")
+SPEED_METRICS = ("tokens_per_s", "speedup", "time_to_first_token_s", "per_token_latency_s", "decode_speedup",
+                 "verify_cost_ratio", "draft_cost_ratio")
 DIRECTIONS = {
     **dict.fromkeys(("acceptance_rate", "mean_acceptance_length", "per_position_acceptance_rate", "tokens_per_s",
-                     "speedup"), HIGHER_IS_BETTER),
-    **dict.fromkeys(("time_to_first_token_s", "per_token_latency_s"), LOWER_IS_BETTER),
+                     "speedup", "decode_speedup"), HIGHER_IS_BETTER),
+    **dict.fromkeys(("time_to_first_token_s", "per_token_latency_s", "verify_cost_ratio", "draft_cost_ratio"),
+                    LOWER_IS_BETTER),
 }
 DEFAULT_TOLERANCES = {  # relative, overridable per case in the baseline file
     # vLLM's per-position acceptance tolerance for its EAGLE-3 baselines (docs/metrics.md#gates)
     "acceptance_rate": 0.05, "mean_acceptance_length": 0.05, "per_position_acceptance_rate": 0.05,
     # spec and plain are timed in the same run on the same machine: clock, thermal and co-tenant drift
     # cancel to first order, scheduling jitter remains
-    "speedup": 0.10,
+    "speedup": 0.10, "decode_speedup": 0.10,
+    # step costs timed back to back in one process: T(K+1)/T(1) and draft/T(1)
+    "verify_cost_ratio": 0.10, "draft_cost_ratio": 0.10,
     # absolute timings move with GPU clocks, driver and co-tenants between runs on one hardware class
     "tokens_per_s": 0.15, "per_token_latency_s": 0.15,
     # one prefill per request averages fewer timings and carries one-off costs (allocator growth, lazy init)
@@ -163,6 +172,7 @@ class GateReport:
     baseline_path: str | None = None
     has_baseline: bool = False
     quality_baseline: str | None = None  # the case id whose quality baseline was used, when not the case's own
+    notes: list[str] = field(default_factory=list)  # what qualifies the verdict (e.g. GPU clocks unlike the baseline's)
 
     @property
     def passed(self) -> bool:
@@ -199,7 +209,7 @@ class GateReport:
     def format(self, *, only_problems: bool = False, brief: bool = False) -> str:
         """The headline and a line per check: every check, only those that did not pass (``only_problems``),
         or only regressions, failures and improvements (``brief``; :func:`skip_summary` counts the rest)."""
-        lines = [self.headline()]
+        lines = [self.headline()] + [f"  note: {note}" for note in self.notes]
         for c in self.checks:
             shown = c.status in NOTEWORTHY_STATUSES if brief else not only_problems or c.status != "pass"
             if shown:
@@ -209,7 +219,8 @@ class GateReport:
     def to_dict(self) -> dict:
         return {"case_id": self.case_id, "hardware_class": self.hardware_class, "passed": self.passed,
                 "baseline_path": self.baseline_path, "has_baseline": self.has_baseline,
-                "quality_baseline": self.quality_baseline, "checks": [c.to_dict() for c in self.checks]}
+                "quality_baseline": self.quality_baseline, "notes": list(self.notes),
+                "checks": [c.to_dict() for c in self.checks]}
 
 
 def _plural(count: int, noun: str) -> str:
@@ -303,9 +314,15 @@ def check_correctness(result: dict, min_match_fraction: float) -> MetricCheck:
     return verdict("pass", f"at or above {minimum}")
 
 
-def _gate_speed(case: dict, hardware_class: str | None) -> bool:
-    """``gate_speed`` true/false from the case; unset (None) gates speed on GPUs only."""
+RATIOS_ONLY = ("absolute timings of a launch-bound case follow the host CPU; gated on GPU-bound cases only "
+               "(gate_speed = \"ratios\" gates this case's same-run ratios)")
+
+
+def _gate_speed(case: dict, hardware_class: str | None, name: str) -> bool:
+    """``gate_speed`` true/false/"ratios" from the case; unset (None) gates speed on GPUs only."""
     setting = case.get("gate_speed")
+    if setting == "ratios":
+        return name in RATIO_METRICS
     return hardware_class != "cpu" if setting is None else bool(setting)
 
 
@@ -348,17 +365,20 @@ def compare_entry(result: dict, entry: dict | None, *, tolerances: dict | None =
             check.reason = missing_reason or ""
         elif name in SPEED_METRICS and not math.isfinite(measured):
             check.status, check.reason = "skipped", "not measured in this run"
-        elif name in SPEED_METRICS and not _gate_speed(case, hardware_class):
+        elif name in SPEED_METRICS and not _gate_speed(case, hardware_class, name):
             check.baseline = _measured(base_metrics, name, position)
-            check.status, check.reason = "skipped", (CPU_SPEED_NOT_GATED if hardware_class == "cpu"
-                                                     else "speed gating is off for this case (gate_speed = false)")
+            check.status, check.reason = "skipped", (
+                RATIOS_ONLY if case.get("gate_speed") == "ratios" else CPU_SPEED_NOT_GATED if hardware_class == "cpu"
+                else "speed gating is off for this case (gate_speed = false)")
         elif name in QUALITY_METRICS and case.get("gate_quality") is False:
             check.baseline = _measured(base_metrics, name, position)
             check.status, check.reason = "skipped", "quality gating is off for this case (gate_quality = false)"
         else:
             check.baseline = _measured(base_metrics, name, position)
             if math.isfinite(check.baseline):
-                check.ci = bootstrap_interval(requests, base_requests, check.baseline, name, position=position,
+                rows = (result.get("repeats") or []) if name in REPEAT_LEVEL_METRICS else (
+                    requests if name in SPEED_METRICS else first_repeat(requests))
+                check.ci = bootstrap_interval(rows, base_requests, check.baseline, name, position=position,
                                               confidence=confidence, num_resamples=num_resamples, seed=seed)
             check.status, check.reason = judge(direction, check.baseline, measured, tol[name], check.ci)
         report.checks.append(check)
@@ -391,7 +411,12 @@ def compare_entry(result: dict, entry: dict | None, *, tolerances: dict | None =
                    else "the result has no env.hardware_class")
             gate(name, None, None, None, why, missing_status="skipped")
         else:
-            gate(name, None, speed["metrics"], speed["requests"])
+            base_rows = (speed.get("repeats") or []) if name in REPEAT_LEVEL_METRICS else speed["requests"]
+            gate(name, None, speed["metrics"], base_rows)
+    if speed is not None:
+        clocks = clock_difference(result.get("env") or {}, (speed.get("provenance") or {}).get("env") or {})
+        if clocks:
+            report.notes.append(f"{case_id}: {clocks}")
 
     correctness = check_correctness(result, tol["min_match_fraction"])
     correctness.case_id, correctness.confidence = case_id, confidence

@@ -14,7 +14,7 @@ from specbench.gating.baselines import (
     FLOAT_SIGNIFICANT_DIGITS, QUALITY_REQUEST_FIELDS, SCHEMA_VERSION, SPEED_REQUEST_FIELDS, BaselineError,
     BaselineRefused, as_result_dict, as_store, case_changes, format_baseline_file, result_case_id, split_case_id,
 )
-from specbench.gating.intervals import per_token_latency
+from specbench.gating.intervals import first_repeat, per_token_latency
 from specbench.gating.gates import QUALITY_METRICS, SPEED_METRICS, check_correctness, resolve_tolerances
 
 
@@ -72,14 +72,16 @@ def _sections(result: dict, command: str) -> tuple[dict, dict]:
     quality = {
         "metrics": {name: metrics.get(name) for name in QUALITY_METRICS},
         "requests": [{key: r.get(key, i if key == "prompt_id" else None) for key in QUALITY_REQUEST_FIELDS}
-                     for i, r in enumerate(requests)],
+                     for i, r in enumerate(first_repeat(requests))],  # every repeat decodes the same tokens
         "correctness": {key: correctness.get(key) for key in ("checked", "exact", "match_fraction")},
         "provenance": provenance,
     }
     speed = {
         "metrics": {name: metrics.get(name) for name in SPEED_METRICS},
         "requests": [{**{key: r.get(key, i if key == "prompt_id" else None) for key in SPEED_REQUEST_FIELDS},
-                      "per_token_latency_s": per_token_latency(r)} for i, r in enumerate(requests)],
+                      "repeat": r.get("repeat") or 0, "per_token_latency_s": per_token_latency(r)}
+                     for i, r in enumerate(requests)],
+        "repeats": [dict(record) for record in result.get("repeats") or []],
         "provenance": provenance,
     }
     return (strict_json.json_safe(quality, FLOAT_SIGNIFICANT_DIGITS), strict_json.json_safe(speed, FLOAT_SIGNIFICANT_DIGITS))

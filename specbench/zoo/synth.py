@@ -1,6 +1,6 @@
-"""``specbench zoo synth``: write a Vicuna-7B-shaped Llama with random weights and 5 random Medusa
-heads in the exact upstream layout, so the GPU tier exercises 7B-scale loading and decoding
-without a download. Random weights make acceptance meaningless: cases built on it never gate it.
+"""``specbench zoo synth``: write a random but decisive Llama (Vicuna-7B, Llama-3.2-1B-like or tiny shape), 5 random
+Medusa heads and 5 "profile" Medusa heads of known per-head accuracy, all in the exact upstream layout, so the GPU
+tier exercises 7B-scale loading and decoding, and speculative decoding at a known acceptance, without a download.
 
 The weights are random but *decisive*: with i.i.d. N(0, 0.02) weights everywhere, the 32,000 logits
 are near-ties and bf16's different rounding for a k-token verification flips the greedy argmax
@@ -10,19 +10,27 @@ drawn large (std DECISIVE_EMBED_STD, dominating the residual stream) and the lm_
 ordinary token to its successor on a random cycle over the vocabulary (top logit ~sqrt(hidden),
 the rest ~N(0, 1)). Every matrix keeps its shape, dtype and cost; greedy decoding just has margins
 that rounding cannot flip, so bf16 lossless checks and oracle speed figures mean something.
+
+``medusa/`` holds random heads (non-zero biases; acceptance meaningless, never gated). ``medusa-profile/``
+holds heads built the same way as the lm_head: identity residual blocks (weight and bias 0), and head h's
+vocab projection sends each ordinary token t to succ^(h+2)(t), the token h + 2 steps on along the cycle
+(what head h predicts, docs/checkpoints.md), except for a random round((1 - p_h) * N) of the N ordinary
+tokens, which are sent to a wrong token instead. So head h's top-1 is right for exactly those tokens, with
+the lm_head's wide margins; the wrong sets are drawn independently per head, so a chain's position i is
+accepted, given position i - 1 was, with probability p_i (synth_record.json: expected_per_position_acceptance).
+Only top-1 is shaped: a head's lower ranks are noise, so a tree gains nothing over its top-1 path.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shutil
 import tempfile
 import time
 from pathlib import Path
-
-import math
 
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
@@ -32,19 +40,41 @@ VICUNA_7B_SHAPE = dict(
     vocab_size=32000, hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
     num_attention_heads=32, num_key_value_heads=32, max_position_embeddings=2048, rms_norm_eps=1e-6,
 )
+# Llama-3.2-1B's decoder (GQA: 8 key/value heads for 32 query heads) with Vicuna's 32,000 vocabulary, untied
+LLAMA_1B_SHAPE = dict(
+    vocab_size=32000, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
+    num_key_value_heads=8, head_dim=64, max_position_embeddings=2048, rms_norm_eps=1e-5,
+)
+# a miniature of the 7B layout (tests, CPU); the rest as VICUNA_7B_SHAPE
+TINY_SHAPE = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=512)
+SHAPES = {"7b": VICUNA_7B_SHAPE, "1b": LLAMA_1B_SHAPE, "tiny": {**VICUNA_7B_SHAPE, **TINY_SHAPE}}
 # FasterDecoding/medusa-vicuna-7b-v1.3's config.json, head count wrong as published (docs/checkpoints.md)
 UPSTREAM_MEDUSA_CONFIG = {"medusa_num_heads": 2, "medusa_num_layers": 1, "transformers_version": "4.31.0"}
-# 32 random layers add residual noise of rms ~15 (each adds ~2.5, normalised inputs); 100 dominates it
+# Medusa-1 on Vicuna-7B: the published per-head top-1 accuracies (the Medusa paper; README's zoo table)
+MEDUSA_1_VICUNA_7B_TOP1 = (0.56, 0.32, 0.20, 0.15, 0.12)
+# 32 random 7B layers add residual noise of rms ~15 (each adds ~2.5, normalised inputs); 100 dominates it.
+# 16 random 1B layers add less (~1 each, rms ~4 in all: narrower matrices, a quarter of the v heads)
 DECISIVE_EMBED_STD = 100.0
 NUM_SPECIAL_TOKENS = 3  # <unk>, <s>, </s>: never a successor, so EOS does not end the synthetic text
+UNK_TOKEN = 0  # where a profile head sends the last of its wrong tokens (never a right answer)
 
 
 def _random_(tensor: torch.Tensor, std: float, generator: torch.Generator) -> None:
     tensor.normal_(0.0, std, generator=generator)
 
 
-def synth_target(out_dir: Path, *, shape: dict, dtype: torch.dtype, device: str, seed: int) -> Path:
-    """Random Llama weights (std 0.02, Llama's initializer range), saved with save_pretrained."""
+def _publish(staging: Path, out_dir: Path, name: str) -> Path:
+    """Move a finished staging directory to ``out_dir/name``, replacing what was there."""
+    final = out_dir / name
+    if final.exists():
+        shutil.rmtree(final)
+    os.replace(staging, final)
+    return final
+
+
+def build_target(*, shape: dict, dtype: torch.dtype, device: str, seed: int) -> tuple[LlamaForCausalLM, torch.Tensor]:
+    """Random Llama weights (std 0.02, Llama's initializer range) made decisive; returns (model, cycle order)."""
     config = LlamaConfig(**shape, tie_word_embeddings=False, bos_token_id=1, eos_token_id=2, dtype=str(dtype).split(".")[1])
     with torch.device("meta"):
         model = LlamaForCausalLM(config)
@@ -56,88 +86,181 @@ def synth_target(out_dir: Path, *, shape: dict, dtype: torch.dtype, device: str,
                 parameter.fill_(1.0)
             else:
                 _random_(parameter, config.initializer_range, generator)
-        _make_decisive(model, generator)
+        order = _make_decisive(model, generator)
+    return model, order
+
+
+def _save_target(model: LlamaForCausalLM, out_dir: Path) -> Path:
     staging = Path(tempfile.mkdtemp(prefix=".target.", dir=out_dir))
     model.save_pretrained(staging)
-    final = out_dir / "target"
-    if final.exists():
-        shutil.rmtree(final)
-    os.replace(staging, final)
-    return final
+    return _publish(staging, out_dir, "target")
 
 
-def _make_decisive(model: LlamaForCausalLM, generator: torch.Generator) -> None:
-    """Large random embeddings; lm_head row of token order[i+1] = embedding of order[i] (see the module doc)."""
-    embed = model.get_input_embeddings().weight  # [V, H]
-    head = model.get_output_embeddings().weight  # [V, H]
+def synth_target(out_dir: Path, *, shape: dict, dtype: torch.dtype, device: str, seed: int) -> Path:
+    """Random decisive Llama weights, saved with save_pretrained as ``out_dir/target``."""
+    model, _ = build_target(shape=shape, dtype=dtype, device=device, seed=seed)
+    return _save_target(model, out_dir)
+
+
+def _make_decisive(model: LlamaForCausalLM, generator: torch.Generator) -> torch.Tensor:
+    """Large random embeddings; lm_head row of token order[i+1] = embedding of order[i] (see the module doc).
+    Returns the cycle ``order`` (N,): the ordinary tokens, each followed by its successor."""
+    embed = model.get_input_embeddings().weight  # (V, H)
+    head = model.get_output_embeddings().weight  # (V, H)
     vocab, hidden = embed.shape
     _random_(embed, DECISIVE_EMBED_STD, generator)
     order = torch.randperm(vocab - NUM_SPECIAL_TOKENS, generator=generator, device=generator.device) + NUM_SPECIAL_TOKENS
     # after the final RMSNorm the hidden state is ~embed[t] / std (unit rms): dividing by std * sqrt(H)
     # gives the successor a logit of ~sqrt(H) and every other token ~N(0, 1)
     head[order.roll(-1)] = embed[order] / (DECISIVE_EMBED_STD * math.sqrt(hidden))
+    return order
+
+
+def _write_heads(out_dir: Path, name: str, state: dict[str, torch.Tensor], base: str) -> Path:
+    """``medusa_lm_head.pt`` with the old keys beside the upstream config.json (2 heads claimed, no model_type)."""
+    staging = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=out_dir))
+    torch.save(state, staging / "medusa_lm_head.pt")
+    config = {"base_model_name_or_path": base, **UPSTREAM_MEDUSA_CONFIG}
+    (staging / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    return _publish(staging, out_dir, name)
 
 
 def synth_medusa(out_dir: Path, *, base: str, hidden: int, vocab: int, num_heads: int, num_layers: int,
                  dtype: torch.dtype, device: str, seed: int) -> Path:
-    """Medusa-1 heads with non-zero biases as ``medusa_lm_head.pt`` with the old keys, beside the
-    upstream config.json (which claims 2 heads and has no model_type)."""
+    """Random Medusa-1 heads with non-zero biases as ``out_dir/medusa`` (upstream layout)."""
     generator = torch.Generator(device=device).manual_seed(seed + 1)
     state = {}
     for h in range(num_heads):
         for layer in range(num_layers):
-            weight = torch.empty(hidden, hidden, device=device, dtype=dtype)
-            bias = torch.empty(hidden, device=device, dtype=dtype)
+            weight = torch.empty(hidden, hidden, device=device, dtype=dtype)  # (H, H)
+            bias = torch.empty(hidden, device=device, dtype=dtype)  # (H,)
             _random_(weight, 0.02, generator)
             _random_(bias, 0.02, generator)
             state[f"{h}.{layer}.linear.weight"] = weight.cpu()
             state[f"{h}.{layer}.linear.bias"] = bias.cpu()
-        projection = torch.empty(vocab, hidden, device=device, dtype=dtype)
+        projection = torch.empty(vocab, hidden, device=device, dtype=dtype)  # (V, H)
         _random_(projection, 0.02, generator)
         state[f"{h}.{num_layers}.weight"] = projection.cpu()
-    staging = Path(tempfile.mkdtemp(prefix=".medusa.", dir=out_dir))
-    torch.save(state, staging / "medusa_lm_head.pt")
-    config = {"base_model_name_or_path": base, **UPSTREAM_MEDUSA_CONFIG}
-    (staging / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    final = out_dir / "medusa"
-    if final.exists():
-        shutil.rmtree(final)
-    os.replace(staging, final)
-    return final
+    return _write_heads(out_dir, "medusa", state, base)
 
 
-def synth(out_dir: str | os.PathLike, *, shape: dict | None = None, num_medusa_heads: int = 5, dtype: str = "bfloat16",
-          device: str = "cuda", seed: int = 0) -> dict:
-    """Write ``OUT/target`` and ``OUT/medusa``; returns a record of what was written."""
+def num_wrong_tokens(accuracy: float, num_ordinary: int) -> int:
+    """How many of the ordinary tokens a head of top-1 ``accuracy`` gets wrong."""
+    return round((1.0 - accuracy) * num_ordinary)
+
+
+def profile_projection(embed: torch.Tensor, order: torch.Tensor, *, steps: int, accuracy: float,
+                       generator: torch.Generator) -> torch.Tensor:
+    """(V, H) vocab projection whose top-1 for token t is succ^steps(t) except for num_wrong_tokens(accuracy) t."""
+    vocab, hidden = embed.shape
+    n = order.numel()
+    targets = order.roll(-steps).clone()  # (N,): targets[i] = succ^steps(order[i]), the row that makes order[i] right
+    wrong = torch.randperm(n, generator=generator, device=generator.device)[:num_wrong_tokens(accuracy, n)]  # (W,)
+    if wrong.numel():
+        # each wrong token takes the next wrong token's right row, the last takes <unk>'s: all wrong, rows distinct
+        unk = torch.tensor([UNK_TOKEN], device=targets.device)
+        targets[wrong] = torch.cat([targets[wrong[1:]], unk])
+    projection = torch.zeros(vocab, hidden, device=embed.device, dtype=embed.dtype)  # unused rows: logit 0
+    # as the lm_head: the chosen row gets a logit of ~sqrt(H), every other ordinary row ~N(0, 1)
+    projection[targets] = embed[order] / (DECISIVE_EMBED_STD * math.sqrt(hidden))
+    return projection
+
+
+def synth_medusa_profile(out_dir: Path, *, base: str, embed: torch.Tensor, order: torch.Tensor,
+                         accuracies: list[float], seed: int) -> Path:
+    """Medusa-1 heads of known top-1 accuracy (module doc) as ``out_dir/medusa-profile`` (upstream layout)."""
+    generator = torch.Generator(device=embed.device).manual_seed(seed + 2)
+    hidden = embed.shape[1]
+    state = {}
+    for h, accuracy in enumerate(accuracies):
+        zeros = torch.zeros(hidden, hidden, dtype=embed.dtype)  # (H, H): x + SiLU(0 x + 0) = x
+        state[f"{h}.0.linear.weight"] = zeros
+        state[f"{h}.0.linear.bias"] = torch.zeros(hidden, dtype=embed.dtype)  # (H,)
+        projection = profile_projection(embed, order, steps=h + 2, accuracy=accuracy, generator=generator)
+        state[f"{h}.1.weight"] = projection.cpu()
+    return _write_heads(out_dir, "medusa-profile", state, base)
+
+
+def head_accuracies(profile, num_heads: int) -> list[float]:
+    """One accuracy per head: ``profile``'s last entry repeats for heads past its end."""
+    profile = [float(p) for p in profile]
+    if not profile or len(profile) > num_heads:
+        raise ValueError(f"--head-accuracy: give 1 to {num_heads} accuracies (--num-medusa-heads), got {len(profile)}")
+    bad = [p for p in profile if not 0.0 <= p <= 1.0]
+    if bad:
+        raise ValueError(f"--head-accuracy: accuracies must lie in [0, 1], got {bad[0]}")
+    return profile + [profile[-1]] * (num_heads - len(profile))
+
+
+def profile_record(accuracies: list[float], num_ordinary: int) -> dict:
+    """What synth_record.json says about the profile heads: requested, built, and the chain's expected acceptance."""
+    built = [1.0 - num_wrong_tokens(p, num_ordinary) / num_ordinary for p in accuracies]
+    return {"head_accuracy": accuracies, "head_top1_accuracy": [round(p, 6) for p in built],
+            "expected_per_position_acceptance": [round(math.prod(built[: i + 1]), 6) for i in range(len(built))]}
+
+
+def _resolve_shape(shape: dict | str | None) -> tuple[str, dict]:
+    """(name, full shape dict): a name of SHAPES, or a dict of overrides of the 7B shape (named if it is one)."""
+    if isinstance(shape, str):
+        if shape not in SHAPES:
+            raise ValueError(f"unknown synthetic shape {shape!r}; expected one of {sorted(SHAPES)}")
+        return shape, {**VICUNA_7B_SHAPE, **SHAPES[shape]}
+    full = {**VICUNA_7B_SHAPE, **(shape or {})}
+    named = [name for name, known in SHAPES.items() if {**VICUNA_7B_SHAPE, **known} == full]
+    return (named[0] if named else "custom"), full
+
+
+def synth(out_dir: str | os.PathLike, *, shape: dict | str | None = None, num_medusa_heads: int = 5,
+          dtype: str = "bfloat16", device: str = "cuda", seed: int = 0,
+          head_accuracy=MEDUSA_1_VICUNA_7B_TOP1) -> dict:
+    """Write ``OUT/target``, ``OUT/medusa`` and ``OUT/medusa-profile``; returns a record of what was written."""
     out = Path(out_dir)
+    shape_name, shape = _resolve_shape(shape)
+    accuracies = head_accuracies(head_accuracy, num_medusa_heads)
     out.mkdir(parents=True, exist_ok=True)
-    shape = {**VICUNA_7B_SHAPE, **(shape or {})}
     torch_dtype = getattr(torch, dtype)
     started = time.perf_counter()
-    target = synth_target(out, shape=shape, dtype=torch_dtype, device=device, seed=seed)
+    model, order = build_target(shape=shape, dtype=torch_dtype, device=device, seed=seed)
+    target = _save_target(model, out)
     medusa = synth_medusa(out, base=str(target), hidden=shape["hidden_size"], vocab=shape["vocab_size"],
                           num_heads=num_medusa_heads, num_layers=1, dtype=torch_dtype, device=device, seed=seed)
-    record = {"target": str(target), "medusa": str(medusa), "shape": shape, "num_medusa_heads": num_medusa_heads,
+    profile = synth_medusa_profile(out, base=str(target), embed=model.get_input_embeddings().weight.detach(),
+                                   order=order, accuracies=accuracies, seed=seed)
+    record = {"target": str(target), "medusa": str(medusa), "medusa_profile": str(profile), "shape_name": shape_name,
+              "shape": shape, "num_medusa_heads": num_medusa_heads, **profile_record(accuracies, order.numel()),
               "dtype": dtype, "seed": seed, "seconds": round(time.perf_counter() - started, 1)}
     (out / "synth_record.json").write_text(json.dumps(record, indent=2) + "\n")
     return record
 
 
+def accuracy_list(text: str) -> tuple[float, ...]:
+    """argparse type of --head-accuracy: comma-separated probabilities in [0, 1]."""
+    try:
+        values = tuple(float(part) for part in text.split(","))
+    except ValueError:
+        values = ()
+    if not values or not all(0.0 <= v <= 1.0 for v in values):  # also refuses nan
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated probabilities in [0, 1] (e.g. 0.56,0.32,0.20), got {text!r}")
+    return values
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("out_dir", help="where target/ and medusa/ are written")
+    parser.add_argument("out_dir", help="where target/, medusa/ and medusa-profile/ are written")
     parser.add_argument("--device", default="cuda", help="where the random weights are drawn (cuda is much faster)")
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--num-medusa-heads", type=int, default=5)
-    parser.add_argument("--tiny", action="store_true", help="a miniature of the same layout (tests, CPU)")
-
-
-TINY_SHAPE = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                  num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=512)
+    parser.add_argument("--shape", choices=list(SHAPES), default="7b",
+                        help="7b: Vicuna-7B; 1b: Llama-3.2-1B-like (GQA) with a 32,000 vocabulary; tiny: tests, CPU")
+    parser.add_argument("--tiny", dest="shape", action="store_const", const="tiny", help="the same as --shape tiny")
+    parser.add_argument("--head-accuracy", type=accuracy_list, default=MEDUSA_1_VICUNA_7B_TOP1, metavar="P1,P2,...",
+                        help="per-head top-1 accuracy of the medusa-profile/ heads, the last repeating "
+                        "(default: Medusa-1 on Vicuna-7B, " + ",".join(map(str, MEDUSA_1_VICUNA_7B_TOP1)) + ")")
 
 
 def run(args: argparse.Namespace) -> int:
-    record = synth(args.out_dir, shape=TINY_SHAPE if args.tiny else None, num_medusa_heads=args.num_medusa_heads,
-                   dtype=args.dtype, device=args.device, seed=args.seed)
+    record = synth(args.out_dir, shape=args.shape, num_medusa_heads=args.num_medusa_heads, dtype=args.dtype,
+                   device=args.device, seed=args.seed, head_accuracy=args.head_accuracy)
     print(json.dumps(record, indent=2))
     return 0

@@ -1,0 +1,46 @@
+"""Baseline file format migrations: an older schema read in memory as the current one, or rewritten on disk.
+
+Schema 2 (repeats and same-run step costs, docs/metrics.md#repeats) adds to every speed section the
+metrics ``decode_speedup``, ``verify_cost_ratio`` and ``draft_cost_ratio``, a ``repeats`` list of per-repeat
+records, and to each speed request its ``repeat`` and ``plain_per_token_latency_s``. A schema-1 file
+recorded none of them: the metrics become null (the gates say "the baseline holds no value" and skip
+them until the case is regenerated), every request was repeat 0, and the repeat list is empty. Nothing
+a schema-1 file held changes, so every verdict on the old metrics stays the same.
+"""
+
+from __future__ import annotations
+
+import copy
+
+SCHEMA_VERSION = 2
+ADDED_SPEED_METRICS = {2: ("decode_speedup", "verify_cost_ratio", "draft_cost_ratio")}
+ADDED_SPEED_REQUEST_FIELDS = {2: {"repeat": 0, "plain_per_token_latency_s": None}}
+
+
+def _to_2(data: dict) -> None:
+    for entry in (data.get("cases") or {}).values():
+        for speed in (entry.get("speed") or {}).values():
+            metrics = speed.setdefault("metrics", {})
+            for name in ADDED_SPEED_METRICS[2]:
+                metrics.setdefault(name, None)
+            for request in speed.get("requests") or []:
+                for key, value in ADDED_SPEED_REQUEST_FIELDS[2].items():
+                    request.setdefault(key, value)
+            speed.setdefault("repeats", [])
+
+
+STEPS = {1: _to_2}  # schema n -> the function that makes it n + 1, in place
+
+
+def migrate(data: dict) -> tuple[dict, list[int]]:
+    """(a copy of ``data`` at SCHEMA_VERSION, the schemas it passed through). A file of an unknown or newer
+    schema is returned unchanged, for validation to refuse with its message."""
+    schema = data.get("schema") if isinstance(data, dict) else None
+    if not isinstance(schema, int) or schema >= SCHEMA_VERSION or schema not in STEPS:
+        return data, []
+    data, passed = copy.deepcopy(data), []
+    while data["schema"] < SCHEMA_VERSION:
+        passed.append(data["schema"])
+        STEPS[data["schema"]](data)
+        data["schema"] += 1
+    return data, passed
