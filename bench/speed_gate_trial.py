@@ -1,7 +1,7 @@
 """Speed-gate trial: does the speed gate catch a 10% slowdown, and does it never fail an unchanged run?
 
-For each case: load the target and build the proposer once, run the case once as the in-memory baseline
-(``baseline_entry``), then gate against it with ``compare_entry``:
+For each case: load the target and build the proposer once, run the case once untimed (a process's first
+run is slower), once as the in-memory baseline (``baseline_entry``), then gate against it (``compare_entry``):
 
 * N unchanged runs: any failing report is a false failure (the failed checks are recorded with their
   measured and baseline values, and each speed metric's largest |measured / baseline - 1|);
@@ -16,25 +16,24 @@ Speed is forced gated on every case (``gate_speed = True``: CPU speed is not gat
 docs/metrics.md#gates). Runs are interleaved (unchanged, injected, unchanged, ...) so a run cut short
 still has both kinds; each case gets an equal share of the time left when it starts, and no run starts
 that would end past ``--max-seconds``. ``OUT_DIR/speed_gate_trial.json`` is rewritten atomically after
-every run. On a GPU box, in one call (the synth steps' time is outside --max-seconds: lower it to fit):
+every run. A run decodes a case's prompts ``repeats`` times, plain and speculative, plus its step costs:
+seconds on a 7B case, so one 10-minute call gives all six speed cases few runs each (``--cases`` picks
+fewer for more). On a GPU box, in one call (the synth steps' time is outside --max-seconds: lower it):
 
     specbench zoo synth /tmp/synth --device cuda && specbench zoo synth /tmp/synth1b --shape 1b --device cuda \\
       && SPECBENCH_SYNTH_DIR=/tmp/synth SPECBENCH_SYNTH_1B_DIR=/tmp/synth1b python bench/speed_gate_trial.py OUT
-
-    python bench/speed_gate_trial.py OUT [--cases SPEC ...] [--runs 20] [--slowdowns 0.05,0.10,0.20]
-        [--device cuda|cpu] [--no-graphs-off] [--max-seconds 540]
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import gc
 import math
 import shlex
 import statistics
 import sys
 import time
+import traceback
 from pathlib import Path
 
 import torch
@@ -70,6 +69,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--no-graphs-off", action="store_true", help="skip the cuda_graphs=False regression")
     parser.add_argument("--max-seconds", type=float, default=540.0,
                         help="start no run that would end later than this after start (default 540)")
+    parser.add_argument("--warmup-runs", type=int, default=1,
+                        help="untimed runs of each case before its baseline: a process's first run is slower")
     parser.add_argument("--max-new-tokens", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--num-prompts", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -88,14 +89,13 @@ def calibrate_cuda_sleep(trials: int = 3) -> float:
     """GPU cycles per second of ``torch.cuda._sleep``: the fastest of ``trials`` timed sleeps."""
     torch.cuda._sleep(1000)  # first launch out of the timing
     torch.cuda.synchronize()
-    best = math.inf
+    times = []
     for _ in range(trials):
-        torch.cuda.synchronize()
         start = time.perf_counter()
         torch.cuda._sleep(CALIBRATION_CYCLES)
         torch.cuda.synchronize()
-        best = min(best, time.perf_counter() - start)
-    return CALIBRATION_CYCLES / best
+        times.append(time.perf_counter() - start)
+    return CALIBRATION_CYCLES / min(times)
 
 
 class Spin:
@@ -114,34 +114,24 @@ class Spin:
             pass
 
 
-class SlowTarget:
-    """The target, every attribute delegated, with ``spin`` after each ``verify``."""
+class Slowed:
+    """``inner`` with every attribute delegated, and ``spin`` after each call of its method ``method``
+    (the target's ``verify`` or the proposer's ``propose``)."""
 
-    def __init__(self, inner, spin: Spin):
-        self._inner, self._spin = inner, spin
-
-    def __getattr__(self, name):
-        return getattr(self._inner, name)
-
-    def verify(self, *args, **kwargs):
-        out = self._inner.verify(*args, **kwargs)
-        self._spin()
-        return out
-
-
-class SlowProposer:
-    """The proposer, every attribute delegated, with ``spin`` after each ``propose``."""
-
-    def __init__(self, inner, spin: Spin):
-        self._inner, self._spin = inner, spin
+    def __init__(self, inner, method: str, spin: Spin):
+        self._inner, self._method, self._spin = inner, method, spin
 
     def __getattr__(self, name):
-        return getattr(self._inner, name)
+        attr = getattr(self._inner, name)
+        if name != self._method:
+            return attr
 
-    def propose(self, state):
-        draft = self._inner.propose(state)
-        self._spin()
-        return draft
+        def slowed(*args, **kwargs):
+            out = attr(*args, **kwargs)
+            self._spin()
+            return out
+
+        return slowed
 
 
 def graphs_off_target(case):
@@ -209,17 +199,18 @@ def failed_checks(report) -> list[dict]:
              "message": c.message()} for c in report.failures]
 
 
-def key_metrics(result: dict) -> dict:
-    return {name: result["metrics"].get(name) for name in KEY_METRICS}
-
-
-def median_t1(result: dict) -> float:
-    return statistics.median(r["t1_s"] for r in result["repeats"])
-
-
 def deviation(measured, baseline) -> float:
-    ok = all(isinstance(v, (int, float)) and math.isfinite(v) for v in (measured, baseline)) and baseline
-    return abs(measured / baseline - 1) if ok else math.nan
+    finite = all(isinstance(v, (int, float)) and math.isfinite(v) for v in (measured, baseline))
+    return abs(measured / baseline - 1) if finite and baseline else math.nan
+
+
+def error_line(case_id: str, err: BaseException) -> str:
+    """A device fault's one line (harness.fault_line), else the error's type and first line, traceback printed."""
+    fault = case_fault(err)
+    if fault is None:
+        traceback.print_exc()
+        fault = {"type": type(err).__name__, "message": (str(err).strip().splitlines() or [""])[0]}
+    return fault_line(case_id, fault)
 
 
 def timed_run(case, target, tokenizer, proposer) -> tuple[dict, float]:
@@ -247,6 +238,12 @@ class Trial:
         """Whether a run of ``expected`` seconds would end before ``deadline`` (seconds since start)."""
         return self.elapsed() + expected <= min(deadline, self.args.max_seconds)
 
+    def error(self, key: str, err: BaseException) -> None:
+        """Record and print why the run or case ``key`` failed; free what it left on the device."""
+        self.doc["errors"][key] = error_line(key, err)
+        print(self.doc["errors"][key], flush=True)
+        free_device_memory()
+
     def save(self) -> None:
         self.doc["seconds"] = self.elapsed()
         for place in PLACES:
@@ -254,11 +251,8 @@ class Trial:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         write_text_atomic(self.path, strict_json.dumps(self.doc, indent=2) + "\n")
 
-    def progress(self, case_id: str, label: str, seconds: float, result: dict, base: dict, verdict: str) -> None:
-        m = result["metrics"]
-        change = m["tokens_per_s"] / base["tokens_per_s"] - 1 if base["tokens_per_s"] else math.nan
-        print(f"[{self.elapsed():6.1f}s] {case_id} {label}: {seconds:.1f}s, {m['tokens_per_s']:.1f} tok/s "
-              f"({change:+.1%}), speedup {m['speedup']:.3f}: {verdict}", flush=True)
+    def say(self, text: str) -> None:
+        print(f"[{self.elapsed():6.1f}s] {text}", flush=True)
 
 
 def smallest_caught(injected: list[dict], place: str) -> float | None:
@@ -284,34 +278,28 @@ def schedule(case, proposer, args) -> list[tuple[str, object]]:
     return jobs
 
 
-def record_unchanged(trial, case_id, state, index, result, report) -> str:
-    entry, base = state["entry_doc"], state["baseline"]
-    failed = failed_checks(report)
-    entry["unchanged"].append({"run": index, "passed": report.passed, "failed_checks": failed,
-                               "tokens_per_s": result["metrics"]["tokens_per_s"],
-                               "speedup": result["metrics"]["speedup"], "seconds": state["last_seconds"]})
+def record(trial, state, kind, value, result, report) -> str:
+    """Add one gated run to the document; the verdict for its progress line."""
+    metrics, base, failed = result["metrics"], state["baseline"], failed_checks(report)
+    names = ", ".join(c["name"] for c in failed)
+    row = {"failed_checks": failed, "tokens_per_s": metrics["tokens_per_s"], "speedup": metrics["speedup"],
+           "seconds": state["last_seconds"]}
+    if kind != "unchanged":
+        trial.doc["injected"].append({"case": state["case_id"], "where": kind, "slowdown": value,
+                                      "caught": not report.passed, **row,
+                                      "measured_slowdown": 1 - metrics["tokens_per_s"] / base["tokens_per_s"]})
+        return f"CAUGHT {names}" if failed else "MISSED"
+    entry = trial.doc["cases"][state["case_id"]]
+    entry["unchanged"].append({"run": value, "passed": report.passed, **row})
     for name in SPEED_METRICS:
-        dev = deviation(result["metrics"].get(name), base.get(name))
-        old = entry["max_abs_deviation"].get(name)
+        dev, old = deviation(metrics.get(name), base.get(name)), entry["max_abs_deviation"].get(name)
         if math.isfinite(dev) and (old is None or dev > old):
             entry["max_abs_deviation"][name] = dev
-    if not report.passed:
-        trial.doc["false_failures"] += 1
-        for check in failed:
-            counts = trial.doc["false_failure_checks"]
-            counts[check["name"]] = counts.get(check["name"], 0) + 1
-    return "PASS" if report.passed else "FALSE FAILURE " + ", ".join(c["name"] for c in failed)
-
-
-def record_injected(trial, case_id, state, where, f, result, report) -> str:
-    base_rate = state["baseline"]["tokens_per_s"]
-    failed = failed_checks(report)
-    trial.doc["injected"].append({
-        "case": case_id, "where": where, "slowdown": f, "caught": not report.passed, "failed_checks": failed,
-        "measured_slowdown": 1 - result["metrics"]["tokens_per_s"] / base_rate if base_rate else math.nan,
-        "tokens_per_s": result["metrics"]["tokens_per_s"], "speedup": result["metrics"]["speedup"],
-        "seconds": state["last_seconds"]})
-    return ("CAUGHT " + ", ".join(c["name"] for c in failed)) if failed else "MISSED"
+    trial.doc["false_failures"] += not report.passed
+    for check in failed:
+        counts = trial.doc["false_failure_checks"]
+        counts[check["name"]] = counts.get(check["name"], 0) + 1
+    return "PASS" if report.passed else f"FALSE FAILURE {names}"
 
 
 def run_job(trial, case, state, job) -> None:
@@ -319,82 +307,86 @@ def run_job(trial, case, state, job) -> None:
     kind, value = job
     target, proposer, tokenizer = state["target"], state["proposer"], state["tokenizer"]
     if kind in PLACES:
-        spin = Spin(case.device, value * state["t1"], trial.doc["cuda_sleep_cycles_per_s"])
-        target = SlowTarget(target, spin) if kind == "verify" else target
-        proposer = SlowProposer(proposer, spin) if kind == "proposer" else proposer
+        spin = Spin(case.device, value * state["baseline"]["t1_s"], trial.doc["cuda_sleep_cycles_per_s"])
+        target = Slowed(target, "verify", spin) if kind == "verify" else target
+        proposer = Slowed(proposer, "propose", spin) if kind == "proposer" else proposer
     if kind == "graphs_off":
         target, proposer = graphs_off_target(case)
     result, state["last_seconds"] = timed_run(case, target, tokenizer, proposer)
     if kind == "graphs_off":
         target = proposer = None
-        free_device_memory()
-    report = compare_entry(result, state["entry"])
-    if kind == "unchanged":
-        verdict = record_unchanged(trial, case.case_id, state, value, result, report)
-        label = f"unchanged {value + 1}/{trial.args.runs}"
-    else:
-        verdict = record_injected(trial, case.case_id, state, kind, value, result, report)
-        label = kind if value is None else f"{kind} +{value:.0%} T(1)"
-    trial.progress(case.case_id, label, state["last_seconds"], result, state["baseline"], verdict)
+        free_device_memory()  # the second engine's weights and cache
+    verdict = record(trial, state, kind, value, result, compare_entry(result, state["entry"]))
+    label = (f"unchanged {value + 1}/{trial.args.runs}" if kind == "unchanged"
+             else kind if value is None else f"{kind} +{value:.0%} T(1)")
+    change = result["metrics"]["tokens_per_s"] / state["baseline"]["tokens_per_s"] - 1
+    trial.say(f"{case.case_id} {label}: {state['last_seconds']:.1f}s, {result['metrics']['tokens_per_s']:.1f} tok/s "
+              f"({change:+.1%}), speedup {result['metrics']['speedup']:.3f}: {verdict}")
 
 
 def expected_seconds(state, job) -> float:
-    base = state["baseline_seconds"]
+    """A guess at the job's duration: the baseline's, stretched by the injected fraction (graphs off: twice)."""
     kind, value = job
-    return base * 2 if kind == "graphs_off" else base * (1 + (value or 0.0))
+    return state["last_seconds"] * (2 if kind == "graphs_off" else 1 + (value or 0.0))
+
+
+def baseline(trial, case, state) -> None:
+    """Warm-up run(s), then the baseline run: its entry, T(1) and key metrics go into ``state`` and the document."""
+    target, tokenizer, proposer = state["target"], state["tokenizer"], state["proposer"]
+    for _ in range(trial.args.warmup_runs):  # first-run costs the harness's own 4-token warm-up leaves
+        trial.say(f"{case.case_id} warm-up run: {timed_run(case, target, tokenizer, proposer)[1]:.1f}s")
+    first, seconds = timed_run(case, target, tokenizer, proposer)
+    state["entry"], state["last_seconds"] = baseline_entry(first, command=trial.command), seconds
+    t1 = statistics.median(r["t1_s"] for r in first["repeats"])
+    state["baseline"] = {**{name: first["metrics"].get(name) for name in KEY_METRICS}, "t1_s": t1,
+                         "seconds": seconds, "load_seconds": state["load_seconds"]}
+    trial.doc["cases"][case.case_id] = {"baseline": state["baseline"], "unchanged": [], "max_abs_deviation": {}}
+    trial.doc["tolerances"][case.case_id] = resolve_tolerances(case.tolerances)
+    trial.doc["env"] = trial.doc["env"] or first["env"]
+    trial.say(f"{case.case_id} baseline: {seconds:.1f}s, {first['metrics']['tokens_per_s']:.1f} tok/s, "
+              f"speedup {first['metrics']['speedup']:.3f}, T(1) {t1 * 1e3:.2f} ms")
 
 
 def trial_case(trial, case, deadline: float) -> None:
     """Baseline, then the case's schedule until done or its time share is spent."""
     started = time.perf_counter()
     target, tokenizer = load_target(case)
-    proposer = build_proposer(case, target)
-    load_seconds = time.perf_counter() - started
-    state = {"target": target, "tokenizer": tokenizer, "proposer": proposer}
-    first, state["baseline_seconds"] = timed_run(case, target, tokenizer, proposer)
-    state["last_seconds"] = state["baseline_seconds"]
-    state["entry"] = baseline_entry(first, command=trial.command)
-    state["t1"] = median_t1(first)
-    state["baseline"] = {**key_metrics(first), "t1_s": state["t1"], "seconds": state["baseline_seconds"],
-                         "load_seconds": load_seconds}
-    state["entry_doc"] = trial.doc["cases"][case.case_id] = {"baseline": state["baseline"], "unchanged": [],
-                                                             "max_abs_deviation": {}}
-    trial.doc["tolerances"][case.case_id] = resolve_tolerances(case.tolerances)
-    trial.doc["env"] = trial.doc["env"] or first["env"]
-    print(f"[{trial.elapsed():6.1f}s] {case.case_id} baseline: {state['baseline_seconds']:.1f}s, "
-          f"{first['metrics']['tokens_per_s']:.1f} tok/s, speedup {first['metrics']['speedup']:.3f}, "
-          f"T(1) {state['t1'] * 1e3:.2f} ms", flush=True)
+    state = {"case_id": case.case_id, "target": target, "tokenizer": tokenizer,
+             "proposer": build_proposer(case, target), "load_seconds": time.perf_counter() - started}
+    baseline(trial, case, state)
     trial.save()
-    jobs = schedule(case, proposer, trial.args)
+    jobs = schedule(case, state["proposer"], trial.args)
     for done, job in enumerate(jobs):
         if not trial.fits(expected_seconds(state, job), deadline):
             trial.doc["stopped_early"] = True
-            state["entry_doc"]["jobs_not_run"] = len(jobs) - done
-            print(f"[{trial.elapsed():6.1f}s] {case.case_id}: out of time, {len(jobs) - done} run(s) not started",
-                  flush=True)
+            trial.doc["cases"][case.case_id]["jobs_not_run"] = len(jobs) - done
+            trial.say(f"{case.case_id}: out of time, {len(jobs) - done} run(s) not started")
             break
-        run_job(trial, case, state, job)
+        try:
+            run_job(trial, case, state, job)
+        except Exception as err:  # noqa: BLE001 - one failed run (a graphs-off OOM) must not cost the rest
+            trial.error(f"{case.case_id} {job[0]} {job[1]}", err)
         trial.save()
 
 
 def table(doc: dict) -> str:
-    lines = [f"{'case':44} {'tok/s':>8} {'speedup':>8} {'false':>6} {'max|dev| tok/s':>15} {'speedup':>8}"]
+    """Unchanged runs per case, then each injected run, then the verdict line."""
+    w = max([len(c) for c in doc["cases"]] + [4])
+    show = lambda v: "-" if v is None else f"{v:.1%}"  # noqa: E731
+    lines = [f"{'case':{w}} {'tok/s':>8} {'speedup':>8} {'false':>7} {'max dev tok/s':>14} {'speedup':>8}"]
     for case_id, entry in doc["cases"].items():
-        if "baseline" not in entry:
-            continue
         base, runs, dev = entry["baseline"], entry["unchanged"], entry["max_abs_deviation"]
-        false = sum(not r["passed"] for r in runs)
-        show = lambda v: f"{v:.1%}" if v is not None else "-"  # noqa: E731
-        lines.append(f"{case_id:44} {base['tokens_per_s']:8.1f} {base['speedup']:8.3f} {false:>2}/{len(runs):<3} "
-                     f"{show(dev.get('tokens_per_s')):>15} {show(dev.get('speedup')):>8}")
-    lines.append(f"{'case':44} {'where':10} {'f':>5} {'measured':>9} verdict")
+        false = f"{sum(not r['passed'] for r in runs)}/{len(runs)}"
+        lines.append(f"{case_id:{w}} {base['tokens_per_s']:8.1f} {base['speedup']:8.3f} {false:>7} "
+                     f"{show(dev.get('tokens_per_s')):>14} {show(dev.get('speedup')):>8}")
+    lines.append(f"{'case':{w}} {'where':10} {'f':>5} {'tok/s -':>8} verdict")
     for r in doc["injected"]:
         f = "-" if r["slowdown"] is None else f"{r['slowdown']:.2f}"
         names = ", ".join(c["name"] for c in r["failed_checks"])
-        lines.append(f"{r['case']:44} {r['where']:10} {f:>5} {r['measured_slowdown']:9.1%} "
-                     f"{'caught (' + names + ')' if r['caught'] else 'MISSED'}")
-    lines.append(f"false failures: {doc['false_failures']}; smallest caught: {doc['smallest_caught']}; "
-                 f"{doc['seconds']:.0f} s" + (" (stopped early)" if doc["stopped_early"] else ""))
+        lines.append(f"{r['case']:{w}} {r['where']:10} {f:>5} {show(r['measured_slowdown']):>8} "
+                     + (f"caught ({names})" if r["caught"] else "MISSED"))
+    lines.append(f"false failures: {doc['false_failures']}; smallest caught: {doc['smallest_caught']}; errors: "
+                 f"{len(doc['errors'])}; {doc['seconds']:.0f} s" + (" (stopped early)" if doc["stopped_early"] else ""))
     return "\n".join(lines)
 
 
@@ -412,13 +404,8 @@ def main(argv=None) -> int:
             break
         try:
             trial_case(trial, case, trial.elapsed() + share)
-        except RuntimeError as err:
-            fault = case_fault(err)
-            if fault is None:
-                raise
-            trial.doc["errors"][case.case_id] = fault_line(case.case_id, fault)
-            print(trial.doc["errors"][case.case_id], flush=True)
-        free_device_memory()
+        except Exception as err:  # noqa: BLE001 - one case failing to load or run must not cost the others
+            trial.error(case.case_id, err)
         trial.save()
     trial.save()
     print(table(trial.doc), flush=True)

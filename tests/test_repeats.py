@@ -186,3 +186,24 @@ def test_run_case_repeats_the_prompt_set_and_keeps_quality_from_the_first_repeat
         assert record["t1_s"] > 0 and record["verify_width"] == 4
         assert record["predicted_speedup"] == pytest.approx(
             metrics["mean_acceptance_length"] / (record["verify_cost_ratio"] + record["draft_cost_ratio"]))
+
+
+def test_a_flagged_run_is_marked_in_the_history_status_and_ci_summary(tmp_path):
+    from specbench.gating.history import append_results, load_history
+    from specbench.report.markdown import render_markdown
+    from specbench.report.status import status_rows
+
+    result = make_result(seed=0)
+    result["flags"] = [{"kind": "speedup_prediction", "message": "measured decode-phase speedup 1.200 is -20% off"}]
+    append_results(tmp_path, [result, make_result(seed=1, name="other")])
+    history = load_history(tmp_path)
+    rows = {row.case_id: row for row in status_rows(history, None)}
+    assert rows["medusa/medusa-chain-k3"].flags == ["measured decode-phase speedup 1.200 is -20% off"]
+    assert rows["medusa/other"].flags == []
+    summary = render_markdown(history, [], list(rows.values()))
+    assert "<details><summary>Measurement flags</summary>" in summary
+    assert "- medusa/medusa-chain-k3 (cpu): measured decode-phase speedup 1.200 is -20% off" in summary
+    from specbench.report.html import render_html
+
+    page = render_html(history, [], list(rows.values()))
+    assert page.count("⚑ measurement") == 1 and 'title="measured decode-phase speedup 1.200 is -20% off"' in page

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import shlex
 import sys
 
 from specbench.cases import OVERRIDABLE, Case, find_case, hardware_shortfall, with_overrides
 from specbench.cli.errors import load_error
+from specbench.speed import PREDICTION_TOLERANCE
 
 DEFAULT_SUITE = "medusa"  # with no SUITE given, only its CPU cases run (the embedded default)
 REFERENCE_TARGET = "specbench-ref/gsm8k-tiny"
@@ -230,20 +232,30 @@ def _lossless_cell(check) -> str:
     return "exact" if check.measured == 1.0 else f"match {_fmt(check.measured)}{minimum}"
 
 
+def _predicted_cell(metrics: dict) -> str:
+    """The speedup the run's step costs predict for the decode phase (docs/metrics.md#step-costs), '!' past 10% off."""
+    predicted = metrics.get("predicted_speedup")
+    if predicted is None:
+        return "-"
+    error = metrics.get("speedup_prediction_error")
+    off = error is not None and math.isfinite(error) and abs(error) > PREDICTION_TOLERANCE
+    return _fmt(predicted, 2) + "x" + (" !" if off else "")
+
+
 def results_table(results: list[dict], reports: list) -> str:
     """One row per result, its report alongside; an error entry (a faulted case, report None) reads ERROR."""
-    header = ["case", "accept", "MAL", "per position", "tok/s", "plain tok/s", "speedup", "lossless"]
+    header = ["case", "accept", "MAL", "per position", "tok/s", "plain tok/s", "speedup", "predicted", "lossless"]
     rows = []
     for r, report in zip(results, reports):
         if "error" in r:
-            rows.append([r["case_id"], "ERROR", *["-"] * 5, f"ERROR {r['error']['type']}"])
+            rows.append([r["case_id"], "ERROR", *["-"] * 6, f"ERROR {r['error']['type']}"])
             continue
         m = r["metrics"]
         per_position = "/".join(f"{x:.2f}" for x in m["per_position_acceptance_rate"]) or "-"
         rows.append([
             r["case_id"], _fmt(m["acceptance_rate"]), _fmt(m["mean_acceptance_length"], 2), per_position,
             _fmt(m["tokens_per_s"], 1), _fmt(m["plain_tokens_per_s"], 1), _fmt(m["speedup"], 2) + "x",
-            _lossless_cell(report.correctness),
+            _predicted_cell(m), _lossless_cell(report.correctness),
         ])
     widths = [max(len(str(row[i])) for row in [header, *rows]) for i in range(len(header))]
     lines = ["  ".join(str(cell).ljust(w) for cell, w in zip(row, widths)).rstrip() for row in [header, *rows]]

@@ -44,7 +44,7 @@ RECORD_GLOB = "*.jsonl"
 REQUIRED_KEYS = ("case_id", "metrics", "created_at")
 # the DataFrame's fixed columns, before one column per scalar metric
 BASE_COLUMNS = ("case_id", "suite", "case", "hardware_class", "git_commit", "git_dirty", "created_at", "gate_passed",
-                "gate_failures", "correctness", "env", "case_definition", "requests", "source")
+                "gate_failures", "correctness", "env", "case_definition", "requests", "repeats", "flags", "source")
 REQUEST_FIELDS = tuple(dict.fromkeys((*QUALITY_REQUEST_FIELDS, *SPEED_REQUEST_FIELDS, "per_token_latency_s")))
 
 
@@ -99,6 +99,7 @@ def history_record(result: dict, gate_report=None) -> dict:
         "requests": requests,
         "gate": _gate_outcome(gate_report),
         "env": env, "details": result.get("details") or {},
+        "repeats": result.get("repeats") or [], "flags": result.get("flags") or [],
     })
 
 
@@ -110,6 +111,7 @@ def result_from_row(row) -> dict:
     created_at = row["created_at"]
     return {"schema": 1, "case": row["case_definition"], "case_id": row["case_id"], "metrics": metrics,
             "requests": row["requests"], "correctness": row["correctness"], "env": row["env"],
+            "repeats": row["repeats"], "flags": row["flags"],
             "created_at": created_at.strftime("%Y-%m-%dT%H:%M:%SZ") if hasattr(created_at, "strftime") else created_at}
 
 
@@ -221,6 +223,7 @@ def load_history(history_dir):
             "correctness": correctness,
             "env": record.get("env") or {}, "case_definition": record.get("case_definition") or {},
             "requests": record.get("requests") or [], "source": source,
+            "repeats": record.get("repeats") or [], "flags": record.get("flags") or [],
             "per_position_acceptance_rate": _per_position(metrics),
         }
         for name, value in metrics.items():

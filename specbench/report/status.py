@@ -52,10 +52,12 @@ class StatusRow:
     per_position: list[float] = field(default_factory=list)
     per_position_baseline: list[float] | None = None
     note: str = ""
+    flags: list[str] = field(default_factory=list)  # the latest run's measurement problems (docs/metrics.md#step-costs)
 
     def to_dict(self) -> dict:
         return {"case": self.case_id, "hardware_class": self.hardware_class, "commit": self.commit,
                 "created_at": self.created_at, "status": self.status, "failures": self.failures, "note": self.note,
+                "flags": self.flags,
                 "metrics": {name: m.to_dict() for name, m in self.metrics.items()},
                 "per_position_acceptance_rate": [_finite(v) for v in self.per_position],
                 "per_position_baseline": None if self.per_position_baseline is None
@@ -89,7 +91,8 @@ def status_rows(history, store: BaselineStore | None) -> list[StatusRow]:
         latest = runs.iloc[-1]
         result = result_from_row(latest)
         row = StatusRow(case_id, hardware_class, latest["git_commit"], latest["created_at"].isoformat(), "no_baseline",
-                        per_position=list(latest["per_position_acceptance_rate"]))
+                        per_position=list(latest["per_position_acceptance_rate"]),
+                        flags=[flag.get("message", "") for flag in result.get("flags") or []])
         measured = {name: MetricStatus(name, _finite(result["metrics"].get(name)), None, "no_baseline")
                     for name in STATUS_METRICS}
         if store is None:
