@@ -73,6 +73,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="untimed runs of each case before its baseline: a process's first run is slower")
     parser.add_argument("--max-new-tokens", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--num-prompts", type=int, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--repeats", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     try:
         args.slowdowns = sorted({float(x) for x in args.slowdowns.split(",") if x.strip()})
@@ -174,7 +175,8 @@ def prepare(case, args):
     if args.device == "cpu":
         overrides["dtype"] = "float32"
     case, _ = with_overrides(case, overrides)
-    return dataclasses.replace(case, gate_speed=True)  # gate_speed is not OVERRIDABLE: set on a copy
+    # gate_speed and repeats are not OVERRIDABLE: set on a copy (the case id stays the overridden one)
+    return dataclasses.replace(case, gate_speed=True, repeats=args.repeats or case.repeats)
 
 
 def select_cases(args) -> tuple[list, dict]:
@@ -283,7 +285,7 @@ def record(trial, state, kind, value, result, report) -> str:
     metrics, base, failed = result["metrics"], state["baseline"], failed_checks(report)
     names = ", ".join(c["name"] for c in failed)
     row = {"failed_checks": failed, "tokens_per_s": metrics["tokens_per_s"], "speedup": metrics["speedup"],
-           "seconds": state["last_seconds"]}
+           "t1_s": statistics.median(r["t1_s"] for r in result["repeats"]), "seconds": state["last_seconds"]}
     if kind != "unchanged":
         trial.doc["injected"].append({"case": state["case_id"], "where": kind, "slowdown": value,
                                       "caught": not report.passed, **row,
