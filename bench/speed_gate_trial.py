@@ -62,8 +62,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--cases", nargs="+", default=["speed"], metavar="SPEC",
                         help="suites, suite/case ids or TOML paths (default: the speed suite)")
     parser.add_argument("--runs", type=int, default=20, help="unchanged runs per case (default 20)")
-    parser.add_argument("--slowdowns", default="0.05,0.10,0.20",
-                        help="comma-separated fractions of T(1) added per verify / propose call")
+    parser.add_argument("--slowdowns", default="0.05,0.10,0.20", help="fractions of T(1) added per call")
     parser.add_argument("--device", choices=("cuda", "cpu"), default=None,
                         help="run every case on this device (cpu also sets float32); default: each case's own")
     parser.add_argument("--no-graphs-off", action="store_true", help="skip the cuda_graphs=False regression")
@@ -73,7 +72,6 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="untimed runs of each case before its baseline: a process's first run is slower")
     parser.add_argument("--max-new-tokens", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--num-prompts", type=int, default=None, help=argparse.SUPPRESS)
-    parser.add_argument("--repeats", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     try:
         args.slowdowns = sorted({float(x) for x in args.slowdowns.split(",") if x.strip()})
@@ -83,8 +81,6 @@ def parse_args(argv=None) -> argparse.Namespace:
         parser.error("--slowdowns must be fractions > 0 (and < 10); --runs must be >= 0")
     return args
 
-
-# -- injected work ---------------------------------------------------------------------------------
 
 def calibrate_cuda_sleep(trials: int = 3) -> float:
     """GPU cycles per second of ``torch.cuda._sleep``: the fastest of ``trials`` timed sleeps."""
@@ -150,8 +146,6 @@ def graphs_off_target(case):
     return target, build_proposer(case, target)
 
 
-# -- cases -----------------------------------------------------------------------------------------
-
 def unavailable(case) -> str | None:
     """Why the case's target or proposer checkpoint is not here (skip_unless_available's test), or None."""
     from specbench.checkpoints.resolve import ModelUnavailable, resolve_model_dir
@@ -175,8 +169,7 @@ def prepare(case, args):
     if args.device == "cpu":
         overrides["dtype"] = "float32"
     case, _ = with_overrides(case, overrides)
-    # gate_speed and repeats are not OVERRIDABLE: set on a copy (the case id stays the overridden one)
-    return dataclasses.replace(case, gate_speed=True, repeats=args.repeats or case.repeats)
+    return dataclasses.replace(case, gate_speed=True)  # gate_speed is not OVERRIDABLE: set on a copy
 
 
 def select_cases(args) -> tuple[list, dict]:
@@ -193,8 +186,6 @@ def select_cases(args) -> tuple[list, dict]:
                 chosen.append(case)
     return chosen, skipped
 
-
-# -- one run ---------------------------------------------------------------------------------------
 
 def failed_checks(report) -> list[dict]:
     return [{"name": c.name, "status": c.status, "measured": c.measured, "baseline": c.baseline,
@@ -329,7 +320,7 @@ def run_job(trial, case, state, job) -> None:
 def expected_seconds(state, job) -> float:
     """A guess at the job's duration: the baseline's, stretched by the injected fraction (graphs off: twice)."""
     kind, value = job
-    return state["last_seconds"] * (2 if kind == "graphs_off" else 1 + (value or 0.0))
+    return state["baseline"]["seconds"] * (2 if kind == "graphs_off" else 1 + (value or 0.0))
 
 
 def baseline(trial, case, state) -> None:
@@ -408,8 +399,9 @@ def main(argv=None) -> int:
             trial_case(trial, case, trial.elapsed() + share)
         except Exception as err:  # noqa: BLE001 - one case failing to load or run must not cost the others
             trial.error(case.case_id, err)
+        free_device_memory()  # the case's target, proposer and captured graphs are garbage now
         trial.save()
-    trial.save()
+    trial.save()  # also when no case ran
     print(table(trial.doc), flush=True)
     return 0 if trial.doc["cases"] else 1
 

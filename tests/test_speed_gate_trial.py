@@ -1,10 +1,14 @@
-"""bench/speed_gate_trial.py on the CPU: the JSON it writes, and an injected verify slowdown that shows in tok/s."""
+"""bench/speed_gate_trial.py on the CPU: its slowdown wrapper, its JSON, and a verify slowdown seen in tok/s."""
 
 from __future__ import annotations
 
 import importlib.util
 import json
+import time
 from pathlib import Path
+
+import pytest
+import torch
 
 from specbench.cases import find_case
 from specbench.pytest_plugin import skip_unless_available
@@ -12,26 +16,37 @@ from specbench.pytest_plugin import skip_unless_available
 SCRIPT = Path(__file__).resolve().parent.parent / "bench" / "speed_gate_trial.py"
 TOP_KEYS = {"runs": int, "false_failures": int, "cases": dict, "injected": list, "smallest_caught": dict,
             "tolerances": dict, "env": dict, "seconds": float, "stopped_early": bool, "gate_speed_forced": bool}
+ATTEMPTS = 2  # trials run until the verify slowdown shows (see test_trial_on_cpu)
 
 
-def load_script():
+@pytest.fixture(scope="module")
+def script():
     spec = importlib.util.spec_from_file_location("speed_gate_trial", SCRIPT)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
-def run_trial(tmp_path: Path) -> dict:
-    (case,) = find_case("medusa/chain-k3")
-    skip_unless_available(case)
-    argv = [str(tmp_path), "--cases", "medusa/chain-k3", "--device", "cpu", "--runs", "2", "--slowdowns", "0.5",
+def test_slowed_target_delegates_and_spins(script, tiny_target):
+    slowed = script.Slowed(tiny_target, "verify", script.Spin("cpu", 0.05, None))
+    assert slowed.vocab_size == tiny_target.vocab_size and slowed.max_context == tiny_target.max_context
+    slowed.prefill(torch.tensor([1, 2, 3]))
+    start = time.perf_counter()
+    out = slowed.verify(torch.tensor([4]), torch.tensor([0]), None)
+    assert time.perf_counter() - start >= 0.05
+    slowed.commit([0], num_verified=1)
+    assert out.logits.shape[0] == 1 and tiny_target.cache_length == 4
+    assert script.Spin("cuda", 0.01, 2e9).cycles == 20_000_000  # seconds x calibrated cycles per second
+
+
+def run_trial(script, out: Path) -> dict:
+    argv = [str(out), "--cases", "medusa/chain-k3", "--device", "cpu", "--runs", "2", "--slowdowns", "0.5",
             "--no-graphs-off", "--max-new-tokens", "16", "--num-prompts", "2"]
-    assert load_script().main(argv) == 0
-    return json.loads((tmp_path / "speed_gate_trial.json").read_text())
+    assert script.main(argv) == 0
+    return json.loads((out / "speed_gate_trial.json").read_text())
 
 
-def test_trial_on_cpu(tmp_path):
-    doc = run_trial(tmp_path)
+def check_document(doc: dict) -> None:
     for key, kind in TOP_KEYS.items():
         assert isinstance(doc[key], kind), (key, doc[key])
     assert doc["runs"] == 2 and doc["gate_speed_forced"] is True and doc["stopped_early"] is False
@@ -42,15 +57,31 @@ def test_trial_on_cpu(tmp_path):
     for run in entry["unchanged"]:
         assert isinstance(run["passed"], bool) and isinstance(run["failed_checks"], list)
         assert run["tokens_per_s"] > 0 and run["speedup"] > 0
+        assert run["passed"] == (not run["failed_checks"])
     assert set(entry["max_abs_deviation"]) >= {"tokens_per_s", "speedup"}
     assert doc["false_failures"] == sum(not r["passed"] for r in entry["unchanged"])
     assert set(doc["tolerances"]) == {case_id} and doc["env"]["hardware_class"] == "cpu"
     assert sorted((r["where"], r["slowdown"]) for r in doc["injected"]) == [("proposer", 0.5), ("verify", 0.5)]
     for run in doc["injected"]:
         assert run["case"] == case_id and isinstance(run["caught"], bool) and isinstance(run["failed_checks"], list)
-        assert run["caught"] == bool(run["failed_checks"])
+        assert run["caught"] == bool(run["failed_checks"]) and isinstance(run["measured_slowdown"], float)
     assert set(doc["smallest_caught"]) == {"verify", "proposer"}
-    # each verify busy-waits half a T(1), and a decoding step (plain or speculative) is mostly its verify
-    # (T(K+1) is about 1.2 T(1) here): every step costs about a third more, so tok/s falls by about a quarter
-    verify = next(r for r in doc["injected"] if r["where"] == "verify")
-    assert verify["measured_slowdown"] > 0.2, verify
+
+
+def test_trial_on_cpu(script, tmp_path):
+    (case,) = find_case("medusa/chain-k3")
+    skip_unless_available(case)
+    # Each verify busy-waits half a T(1), and a decoding step is mostly its verify (a speculative step
+    # verifies K + 1 = 4 tokens in about 1.2 T(1), plus about 0.1 T(1) of drafting): every step costs about
+    # 35% more, so tok/s falls by about a quarter (0.23 to 0.38 measured here). Co-tenants of a shared
+    # CPU move one run's tok/s by as much (unchanged runs of one process at 90 and 197 tok/s), so a trial
+    # whose baseline or injected run they hit gets another go.
+    seen = []
+    for attempt in range(ATTEMPTS):
+        doc = run_trial(script, tmp_path / f"attempt-{attempt}")
+        check_document(doc)
+        verify = next(r for r in doc["injected"] if r["where"] == "verify")
+        seen.append(verify["measured_slowdown"])
+        if verify["measured_slowdown"] > 0.2:
+            break
+    assert seen[-1] > 0.2, f"verify slowdown of 50% T(1) measured as {seen} tok/s drops over {ATTEMPTS} trials"
