@@ -289,7 +289,8 @@ def expand_ref(ref: str, *, key: str = "target") -> str:
     if leftover:
         raise ValueError(
             f"case {key} {ref!r} uses the environment variable {leftover.group(1)}, which is not set; set it "
-            f"(e.g. for SPECBENCH_SYNTH_DIR run `specbench zoo synth DIR` and export SPECBENCH_SYNTH_DIR=DIR)"
+            f"(SPECBENCH_SYNTH_DIR: run `specbench zoo synth DIR` and export SPECBENCH_SYNTH_DIR=DIR; "
+            f"SPECBENCH_SYNTH_1B_DIR: `specbench zoo synth DIR --shape 1b`)"
         )
     return expanded
 

@@ -106,7 +106,7 @@ def test_logits_and_hidden_states_match_transformers(pair):
         full_logits = model.lm_head(full).float()  # (20, V)
     out = static.prefill(ids[:16])
     torch.testing.assert_close(out.logits, full_logits[15:16], atol=LOGITS_ATOL, rtol=0)
-    torch.testing.assert_close(out.hidden_states, full[15:16], atol=LOGITS_ATOL, rtol=0)
+    torch.testing.assert_close(out.hidden_states, full[:16], atol=LOGITS_ATOL, rtol=0)  # every prompt position
     chain = static.verify(ids[16:], torch.arange(4), None)  # a chain of 4 after the cached 16
     torch.testing.assert_close(chain.logits, full_logits[16:], atol=LOGITS_ATOL, rtol=0)
     torch.testing.assert_close(chain.hidden_states, full[16:], atol=LOGITS_ATOL, rtol=0)

@@ -100,6 +100,11 @@ class Decoder:
         length = prompt.numel() + 1
         emitted = [first.next_token]
         hidden = prefill.hidden_states[-1]  # (H,)
+        features = None
+        if self.proposer is not None and self.proposer.needs_hidden_states:
+            # row i: the hidden state that predicted tokens[i + 1]; rows [0, length - 1) are filled
+            features = prefill.hidden_states.new_zeros(tokens.numel(), prefill.hidden_states.shape[-1])  # (capacity, H)
+            features[: prompt.numel()] = prefill.hidden_states
         finish_reason = "eos" if first.next_token in eos else "running"
         greedy = verifies_greedily(sampling)
         if self.proposer is not None:
@@ -107,7 +112,9 @@ class Decoder:
         while finish_reason == "running" and len(emitted) < self.config.max_new_tokens:
             draft = None
             if self.proposer is not None:
-                draft = self.proposer.propose(ProposerState(token_ids=tokens[:length], hidden_state=hidden))
+                draft = self.proposer.propose(ProposerState(
+                    token_ids=tokens[:length], hidden_state=hidden,
+                    hidden_states=None if features is None else features[: length - 1]))
             draft = draft if draft is not None and len(draft) else _EMPTY_DRAFT
             verify_ids = torch.cat([tokens[length - 1 : length], draft.tokens.to(device)])  # (N + 1,) root first
             is_chain = draft.is_chain
@@ -127,6 +134,10 @@ class Decoder:
             end = length + len(new)
             if end > tokens.numel():  # a proposer drafting beyond its max_draft_tokens
                 tokens = torch.cat([tokens, tokens.new_zeros(end - tokens.numel())])
+                if features is not None:
+                    features = torch.cat([features, features.new_zeros(end - features.shape[0], features.shape[1])])
+            if features is not None:  # the accepted path's hidden states predicted the tokens emitted now
+                features[length - 1: end - 1] = out.hidden_states[accepted_nodes]
             tokens[length:end] = torch.tensor(new, dtype=torch.long)
             length = end
             for token in new:

@@ -85,8 +85,8 @@ class HFTarget:
         ids = input_ids.to(self.device).view(1, -1)  # (1, T)
         with self._attention_backends():
             out = self.decoder(input_ids=ids, use_cache=True, **{self._cache_kwarg: self.cache})
-        hidden = out.last_hidden_state[0, -1:]  # (1, H): only the last position predicts
-        return TargetOutput(logits=self._logits(hidden), hidden_states=hidden)
+        hidden = out.last_hidden_state[0]  # (T, H)
+        return TargetOutput(logits=self._logits(hidden[-1:]), hidden_states=hidden)  # only the last predicts
 
     @torch.inference_mode()
     def verify(self, input_ids: torch.Tensor, depths: torch.Tensor, tree_mask: torch.Tensor | None) -> TargetOutput:

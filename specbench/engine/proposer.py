@@ -19,12 +19,17 @@ class ProposerState:
     token_ids: torch.Tensor  # (T,) prompt + emitted tokens; the last one is the root of the next draft
     # (H,) the target's final hidden state at the position that predicted token_ids[-1]
     hidden_state: torch.Tensor | None = None
+    # (T - 1, H) the target's final hidden state at every position but the last: row i predicted token_ids[i + 1]
+    # (EAGLE's "features"); filled only for proposers that set ``needs_hidden_states``
+    hidden_states: torch.Tensor | None = None
 
 
 class Proposer(ABC):
     """Base class of every proposer. Subclasses set ``name`` and build themselves in ``from_options``."""
 
     name: ClassVar[str]
+    # True: the decode loop keeps every position's target hidden state for ProposerState.hidden_states
+    needs_hidden_states: ClassVar[bool] = False
 
     @classmethod
     @abstractmethod

@@ -199,9 +199,9 @@ class StaticTarget:
             )
         positions = torch.arange(length, device=self.device)  # (T,)
         causal = torch.ones(length, length, dtype=torch.bool, device=self.device).tril_()  # (T, T) over slots [0, T)
-        hidden = self.module(ids, positions, positions, causal, self._cache.kv)[-1:]  # (1, H): only the last predicts
+        hidden = self.module(ids, positions, positions, causal, self._cache.kv)  # (T, H)
         self._cache.advance(length)
-        return TargetOutput(logits=self.module.logits(hidden), hidden_states=hidden)
+        return TargetOutput(logits=self.module.logits(hidden[-1:]), hidden_states=hidden)  # only the last predicts
 
     @torch.inference_mode()
     def verify(self, input_ids: torch.Tensor, depths: torch.Tensor, tree_mask: torch.Tensor | None) -> TargetOutput:

@@ -39,7 +39,8 @@ class Target(Protocol):
         timing starts, so allocation and graph capture never count as decoding time."""
 
     def prefill(self, input_ids: torch.Tensor) -> TargetOutput:
-        """Run the prompt ``(T,)`` into an empty cache; returns the last position only: ``(1, V)``, ``(1, H)``."""
+        """Run the prompt ``(T,)`` into an empty cache; returns the last position's logits ``(1, V)`` and the
+        hidden states of every prompt position ``(T, H)`` (feature-reading proposers such as EAGLE need them)."""
 
     def verify(self, input_ids: torch.Tensor, depths: torch.Tensor, tree_mask: torch.Tensor | None) -> TargetOutput:
         """Score ``(N,)`` verify-input tokens placed after the cache in one forward.

@@ -1,0 +1,64 @@
+"""The decode loop hands feature-reading proposers (EAGLE) the target's hidden state at every position."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specbench.engine.decode import Decoder, GenerationConfig
+from specbench.engine.hf_target import HFTarget
+from specbench.engine.static_target import StaticTarget
+from specbench.proposers.scripted import ScriptedProposer
+from test_static_target import build
+from _prompts import random_prompt
+
+MAX_NEW = 20
+
+
+class FeatureRecorder(ScriptedProposer):
+    """The scripted oracle (wrong at chosen positions), recording every state's tokens and hidden states."""
+
+    needs_hidden_states = True
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.seen = []
+
+    def propose(self, state):
+        self.seen.append((state.token_ids.clone(), state.hidden_states.clone()))
+        return super().propose(state)
+
+
+@pytest.mark.parametrize("engine", ["eager", "static"])
+def test_hidden_states_row_i_is_the_state_that_predicted_token_i_plus_1(engine):
+    """After steps that accept all, some or none of the draft, row i must equal a fresh full forward's
+    final hidden state at position i, for every i below the last token (fp32, tolerance as the static
+    target's own logits test: summation order only)."""
+    model = build("llama")
+    target = HFTarget(model) if engine == "eager" else StaticTarget.from_hf_model(model)
+    prompt = random_prompt(12, 1)
+    truth = Decoder(target, None, GenerationConfig(max_new_tokens=MAX_NEW + 8)).generate(prompt).output_token_ids
+    proposer = FeatureRecorder(truth, 3, target.vocab_size, wrong_positions={4, 9, 10})
+    result = Decoder(target, proposer, GenerationConfig(max_new_tokens=MAX_NEW)).generate(prompt)
+    assert result.output_token_ids == truth[:MAX_NEW]
+    assert len(proposer.seen) == result.counters.num_drafts > 3
+    for tokens, features in proposer.seen:
+        assert features.shape == (tokens.numel() - 1, model.config.hidden_size)
+        with torch.inference_mode():
+            full = model.model(tokens[None]).last_hidden_state[0]  # (T, H)
+        torch.testing.assert_close(features, full[:-1], atol=1e-4, rtol=0)
+
+
+def test_proposers_that_do_not_ask_get_no_hidden_states():
+    model = build("llama")
+    target = HFTarget(model)
+    prompt = random_prompt(8, 2)
+    seen = []
+
+    class Plain(ScriptedProposer):
+        def propose(self, state):
+            seen.append(state.hidden_states)
+            return super().propose(state)
+
+    Decoder(target, Plain([1] * 30, 2, target.vocab_size), GenerationConfig(max_new_tokens=6)).generate(prompt)
+    assert seen and all(h is None for h in seen)
