@@ -245,6 +245,8 @@ def run_case(case: Case, *, progress: bool = True, target=None, tokenizer=None, 
     # and capture its graphs inside a timed request
     room = proposer.max_draft_tokens if proposer else 0
     target.reserve(max(len(ids) for _, ids in prompts) + case.max_new_tokens + room, room)
+    if proposer is not None:
+        proposer.reserve(max(len(ids) for _, ids in prompts) + case.max_new_tokens + room)
 
     # warm-up: first calls pay for allocator growth and kernel selection; keep them out of timings
     warm = GenerationConfig(max_new_tokens=min(4, case.max_new_tokens), sampling=sampling, seed=case.seed)

@@ -135,7 +135,7 @@ def test_flags_that_cannot_apply_are_refused_naming_the_flag(fake_run, capsys, a
     ("--seed", "-3", "expected an integer from 0 to 2**32 - 1, got '-3'"),
     ("--dtype", "fp8", "invalid choice: 'fp8' (choose from 'float32', 'bfloat16', 'float16')"),
     ("--device", "gpu", "expected cpu, cuda, cuda:N or mps, got 'gpu'"),
-    ("--proposer", "foo", "unknown proposer 'foo'; expected one of medusa, ngram, none (plug-ins register under "
+    ("--proposer", "foo", "unknown proposer 'foo'; expected one of draft, medusa, ngram, none (plug-ins register under "
                           "the entry-point group 'specbench.proposers')"),
 ])
 @pytest.mark.parametrize("spec", [[], ["medusa/chain-k3"]])
@@ -285,7 +285,7 @@ def test_baselines_show_an_unknown_suite_names_it_and_the_known_ones(tmp_path, c
     assert main(["baselines", "show", "nosuite", "--baselines", str(tmp_path)]) == 2
     assert error_line(capsys) == (
         f"specbench: error: no baselines stored for suite 'nosuite' in {tmp_path} (suites with baselines there: "
-        "medusa; built-in suites: demo, medusa, ngram, speed); store them with `specbench baselines regenerate nosuite`")
+        "medusa; built-in suites: demo, draft, medusa, ngram, speed); store them with `specbench baselines regenerate nosuite`")
     assert main(["baselines", "show", "medusa", "--baselines", str(tmp_path)]) == 0
     assert capsys.readouterr().out.startswith("medusa/chain-k3: acceptance ")
 

@@ -41,6 +41,10 @@ class Proposer(ABC):
     def max_draft_tokens(self) -> int:
         """Most draft nodes one step can propose (sizes the context-length check)."""
 
+    def reserve(self, num_tokens: int) -> None:
+        """Size preallocated state (a draft model's cache) for requests of up to ``num_tokens`` tokens; called
+        with the target's reserve, before timing starts."""
+
     def begin_request(self, prompt_ids: torch.Tensor) -> None:
         """Reset per-request state; ``prompt_ids`` is ``(T,)``."""
 

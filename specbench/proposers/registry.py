@@ -15,7 +15,8 @@ if TYPE_CHECKING:
 
 ENTRY_POINT_GROUP = "specbench.proposers"
 # built-in proposers, imported lazily so that loading one never pulls in another's dependencies
-_BUILTIN_MODULES = {"ngram": "specbench.proposers.ngram", "medusa": "specbench.proposers.medusa"}
+_BUILTIN_MODULES = {"ngram": "specbench.proposers.ngram", "medusa": "specbench.proposers.medusa",
+                    "draft": "specbench.proposers.draft_model"}
 _REGISTRY: dict[str, type[Proposer]] = {}
 
 
