@@ -42,7 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from specbench import strict_json  # noqa: E402
 from specbench.atomic_write import write_text_atomic  # noqa: E402
-from specbench.cases import expand_ref, find_case, unmet_requirements, with_overrides  # noqa: E402
+from specbench.cases import expand_ref, find_case, missing_checkpoint, unmet_requirements, with_overrides  # noqa: E402
 from specbench.gating.gates import SPEED_METRICS, compare_entry, resolve_tolerances  # noqa: E402
 from specbench.gating.regenerate import baseline_entry  # noqa: E402
 from specbench.harness import (  # noqa: E402
@@ -147,20 +147,8 @@ def graphs_off_target(case):
 
 
 def unavailable(case) -> str | None:
-    """Why the case's target or proposer checkpoint is not here (skip_unless_available's test), or None."""
-    from specbench.checkpoints.resolve import ModelUnavailable, resolve_model_dir
-    from specbench.checkpoints.tiny import BUILTIN_TARGETS
-    from specbench.references import ReferenceMissing
-
-    refs = [("target", case.target)] if case.target not in BUILTIN_TARGETS else []
-    if case.proposer.get("path"):
-        refs.append(("proposer.path", case.proposer["path"]))
-    for key, ref in refs:
-        try:
-            resolve_model_dir(expand_ref(ref, key=key))
-        except (ModelUnavailable, ReferenceMissing, ValueError) as err:
-            return str(err)
-    return unmet_requirements(case)
+    """Why the case cannot run here (a missing checkpoint, as the suites skip it, or missing hardware), or None."""
+    return missing_checkpoint(case) or unmet_requirements(case)
 
 
 def prepare(case, args):

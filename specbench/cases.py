@@ -308,3 +308,21 @@ def unmet_requirements(case: Case) -> str | None:
     """Why this machine cannot run ``case``, naming it (no CUDA, too little GPU memory), or None."""
     shortfall = hardware_shortfall(case)
     return f"{case.case_id} (device={case.device!r}): {shortfall}" if shortfall else None
+
+
+def missing_checkpoint(case: Case) -> str | None:
+    """Why the case's target or proposer checkpoint is not here (unset variable, not in the cache while
+    offline, no such directory), or None; nothing is downloaded when HF_HUB_OFFLINE=1."""
+    from specbench.checkpoints.resolve import ModelUnavailable, resolve_model_dir
+    from specbench.checkpoints.tiny import BUILTIN_TARGETS
+    from specbench.references import ReferenceMissing
+
+    refs = [("target", case.target)] if case.target not in BUILTIN_TARGETS else []
+    if case.proposer.get("path"):
+        refs.append(("proposer.path", case.proposer["path"]))
+    for key, ref in refs:
+        try:
+            resolve_model_dir(expand_ref(ref, key=key))
+        except (ModelUnavailable, ReferenceMissing, ValueError) as err:
+            return str(err)
+    return None

@@ -255,21 +255,12 @@ def case_params(suite: str) -> list:
 def skip_unless_available(case) -> None:
     """Skip (with the precise reason) when the case's target, proposer checkpoint or prompts are not
     available here: no download is attempted when HF_HUB_OFFLINE=1."""
-    from specbench.checkpoints.resolve import ModelUnavailable, resolve_model_dir
-    from specbench.checkpoints.tiny import BUILTIN_TARGETS
+    from specbench.cases import missing_checkpoint
     from specbench.prompts import DatasetUnavailable, load_prompts
-    from specbench.references import ReferenceMissing
 
-    from specbench.cases import expand_ref
-
-    refs = [("target", case.target)] if case.target not in BUILTIN_TARGETS else []
-    if case.proposer.get("path"):
-        refs.append(("proposer.path", case.proposer["path"]))
-    for key, ref in refs:
-        try:
-            resolve_model_dir(expand_ref(ref, key=key))
-        except (ModelUnavailable, ReferenceMissing, ValueError) as err:
-            pytest.skip(f"{case.case_id}: {err}")
+    missing = missing_checkpoint(case)
+    if missing:
+        pytest.skip(f"{case.case_id}: {missing}")
     prompts = case.prompts.get("name")
     if prompts and prompts != "synthetic":
         try:
