@@ -5,7 +5,8 @@
 #              their results become this GPU's baselines
 #   synth      `specbench zoo synth` (Vicuna-7B shape, random bf16 weights, 5 heads in the upstream layout)
 #              and its large_gpu cases (lossless chain and 63-node tree, latency); stored as baselines too
-#   speed      bench/speed_7b.py on the synthetic 7B weights (writes SYNTH_DIR first when absent)
+#   speed      bench/speed_7b.py on the synthetic 7B weights (writes SYNTH_DIR first when absent), with the
+#              synthetic 1B as the draft model of its draft-model row
 #   static     only the static-engine cases (reference and synthetic), stored as baselines
 #   speed-cases  the GPU-bound speed suite (synthetic 7B and 1B on the static engine, repeats, 5% speed
 #              tolerances; `specbench zoo synth --shape 1b` into SPECBENCH_SYNTH_1B_DIR first), stored as baselines
@@ -59,7 +60,8 @@ for stage in "${stages[@]}"; do
         synth) synthesize && suites synth "synth" ;;
         static) synthesize && suite_files=(suites/test_medusa.py suites/test_ngram.py) && suites static "static" ;;
         speed-cases) synthesize && synthesize_1b && suite_files=(suites/test_speed.py) && suites speed_cases "synth" ;;
-        speed) synthesize && { "$python" bench/speed_7b.py "$SPECBENCH_SYNTH_DIR" "$out_dir" 2>&1 | tee "$out_dir/speed_7b.log" || status=$?; } ;;
+        speed) synthesize && synthesize_1b && { "$python" bench/speed_7b.py "$SPECBENCH_SYNTH_DIR" "$out_dir" \
+                   --draft-dir "$SPECBENCH_SYNTH_1B_DIR" 2>&1 | tee "$out_dir/speed_7b.log" || status=$?; } ;;
         *) echo "gpu_tier.sh: unknown stage '$stage' (reference, synth, speed, static, speed-cases, all)" >&2; exit 2 ;;
     esac
 done

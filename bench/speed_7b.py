@@ -10,6 +10,7 @@ cache + torch.compile) as the peer, and the ceiling = copy bandwidth / weight by
 Graph capture and warm-up are timed apart and never enter tok/s. Prints a table, writes JSON.
 
     python bench/speed_7b.py SYNTH_DIR OUT_DIR [--engines static,static-unfused,eager] [--device cuda]
+                             [--draft-dir SYNTH_1B_DIR]
 """
 
 from __future__ import annotations
@@ -177,6 +178,21 @@ def measure_engine(target, prompt, truth, args) -> dict:
     return figures
 
 
+def measure_draft_model(target, prompt, args) -> dict:
+    """A draft model's cost per step on this target: the synthetic ~1B Llama (``--draft-dir``, same 32,000
+    vocabulary) drafting K=3 on the target's engine, step costs timed as the harness does, and tok/s."""
+    from specbench.engine.step_costs import measure_step_costs
+    from specbench.proposers.draft_model import DraftModelProposer
+
+    proposer = DraftModelProposer.from_options(target, path=str(Path(args.draft_dir) / "target"), num_speculative_tokens=3)
+    proposer.reserve(prompt.numel() + args.new_tokens + 80)
+    decode_rate(target, proposer, prompt, 8)  # warm-up: the draft's own graphs are captured here
+    costs = measure_step_costs(target, proposer, prompt, reps=args.reps)
+    rate = decode_rate(target, proposer, prompt, args.new_tokens)
+    return {**costs.to_dict(), "tokens_per_s": rate["tokens_per_s"], "mean_acceptance_length": rate["mean_acceptance_length"],
+            "draft_capture_seconds": getattr(proposer.draft, "capture_seconds", 0.0)}
+
+
 def save_partial(out: Path, figures: dict) -> None:
     print(f"-- {time.strftime('%H:%M:%S')} measured so far: {', '.join(sorted(figures))}", flush=True)
     (out / "speed_7b.partial.json").write_text(json.dumps(figures, indent=2, default=str) + "\n")
@@ -201,6 +217,9 @@ def main() -> int:
     parser.add_argument("--prompt-len", type=int, default=128)
     parser.add_argument("--reps", type=int, default=20)
     parser.add_argument("--skip-compile", action="store_true", help="leave out static cache + torch.compile")
+    parser.add_argument("--draft-dir", metavar="SYNTH_1B_DIR",
+                        help="`specbench zoo synth DIR --shape 1b` output: adds the draft-model row (a ~1B draft's cost "
+                        "per step on the static engines, K=3)")
     parser.add_argument("--engines", default="static,static-unfused,eager",
                         help="comma-separated engines to measure: static (one CUDA graph per step kind over "
                         "torch.compile-fused pointwise stages, the engine's default on CUDA), static-unfused (the "
@@ -269,6 +288,8 @@ def main() -> int:
             engine_target = StaticTarget.from_pretrained(synth_target, dtype=torch.bfloat16, device=device,
                                                          compile=STATIC_ENGINES[engine])
             figures[engine] = measure_engine(engine_target, prompt, truth, args)
+            if args.draft_dir:
+                figures[engine]["draft_model_k3"] = measure_draft_model(engine_target, prompt, args)
             figures[engine]["capture_seconds"] = engine_target.capture_seconds
         except Exception as err:  # noqa: BLE001 - one engine failing (e.g. a compile error) must not cost the others
             figures[f"{engine}_error"] = f"{type(err).__name__}: {err}"[:2000]
@@ -316,6 +337,12 @@ def main() -> int:
     for engine in engines:
         if engine != "eager":
             lines.append(f"{engine}: warm-up + compile + capture {figures[engine]['capture_seconds']:.1f} s (not in any tok/s)")
+        draft = figures[engine].get("draft_model_k3")
+        if draft:
+            lines.append(f"{engine}: draft model (synthetic 1B) K=3: one propose {draft['draft_s'] * 1e3:.2f} ms = "
+                         f"{draft['draft_cost_ratio']:.2f} target steps (T(1) {draft['t1_s'] * 1e3:.2f} ms), "
+                         f"T(4)/T(1) {draft['verify_cost_ratio']:.2f}, {draft['tokens_per_s']:.1f} tok/s at MAL "
+                         f"{draft['mean_acceptance_length']:.2f}")
     table = "\n".join(lines)
     figures["table"] = table
     (out / "speed_7b.json").write_text(json.dumps(figures, indent=2, default=str) + "\n")
