@@ -62,3 +62,32 @@ def test_proposers_that_do_not_ask_get_no_hidden_states():
 
     Decoder(target, Plain([1] * 30, 2, target.vocab_size), GenerationConfig(max_new_tokens=6)).generate(prompt)
     assert seen and all(h is None for h in seen)
+
+
+@pytest.mark.parametrize("engine", ["eager", "static"])
+def test_aux_layers_return_what_enters_those_layers_and_become_the_features(engine):
+    """EAGLE-3 reads the residual streams entering layers (2, L // 2, L - 3): both targets must return what
+    transformers' output_hidden_states gives there (hidden_states[i] enters layer i), at prefill and verify,
+    and the decode loop must hand those (not the final states) to a feature-reading proposer."""
+    model = build("llama")  # 2 layers: aux layers 0 and 1
+    target = HFTarget(model) if engine == "eager" else StaticTarget.from_hf_model(model)
+    target.set_aux_layers((1, 0))
+    ids = random_prompt(14, 4)
+    with torch.inference_mode():
+        states = model.model(ids[None], output_hidden_states=True).hidden_states
+    want = torch.cat([states[1][0], states[0][0]], dim=-1)  # (14, 2H)
+    prefill = target.prefill(ids[:10])
+    torch.testing.assert_close(prefill.aux_hidden_states, want[:10], atol=1e-4, rtol=0)
+    chain = target.verify(ids[10:], torch.arange(4), None)
+    torch.testing.assert_close(chain.aux_hidden_states, want[10:], atol=1e-4, rtol=0)
+    target.commit([0, 1, 2, 3], num_verified=4)
+
+    truth = Decoder(target, None, GenerationConfig(max_new_tokens=MAX_NEW + 8)).generate(ids).output_token_ids
+    proposer = FeatureRecorder(truth, 3, target.vocab_size, wrong_positions={3, 7})
+    Decoder(target, proposer, GenerationConfig(max_new_tokens=MAX_NEW)).generate(ids)
+    tokens, features = proposer.seen[-1]
+    with torch.inference_mode():
+        states = model.model(tokens[None], output_hidden_states=True).hidden_states
+    torch.testing.assert_close(features, torch.cat([states[1][0], states[0][0]], dim=-1)[:-1], atol=1e-4, rtol=0)
+    with pytest.raises(ValueError, match=r"aux layers \[5\] out of range: the target has 2 layers"):
+        target.set_aux_layers((5,))

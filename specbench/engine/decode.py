@@ -105,8 +105,10 @@ class Decoder:
         features = None
         if self.proposer is not None and self.proposer.needs_hidden_states:
             # row i: the hidden state that predicted tokens[i + 1]; rows [0, length - 1) are filled
-            features = prefill.hidden_states.new_zeros(tokens.numel(), prefill.hidden_states.shape[-1])  # (capacity, H)
-            features[: prompt.numel()] = prefill.hidden_states
+            # the aux layers' streams when the proposer asked the target for them (EAGLE-3), else the final ones
+            source = prefill.aux_hidden_states if prefill.aux_hidden_states is not None else prefill.hidden_states
+            features = source.new_zeros(tokens.numel(), source.shape[-1])  # (capacity, F)
+            features[: prompt.numel()] = source
         finish_reason = "eos" if first.next_token in eos else "running"
         greedy = verifies_greedily(sampling)
         if self.proposer is not None:
@@ -139,7 +141,8 @@ class Decoder:
                 if features is not None:
                     features = torch.cat([features, features.new_zeros(end - features.shape[0], features.shape[1])])
             if features is not None:  # the accepted path's hidden states predicted the tokens emitted now
-                features[length - 1: end - 1] = out.hidden_states[accepted_nodes]
+                step = out.aux_hidden_states if out.aux_hidden_states is not None else out.hidden_states
+                features[length - 1: end - 1] = step[accepted_nodes]
             tokens[length:end] = torch.tensor(new, dtype=torch.long)
             length = end
             for token in new:

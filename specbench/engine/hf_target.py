@@ -52,6 +52,22 @@ class HFTarget:
         self._cache_kwarg = cache_argument(self.decoder.forward)
         # transformers 5.x also dropped `cache_position`
         self._takes_cache_position = "cache_position" in inspect.signature(self.decoder.forward).parameters
+        self.aux_layers: tuple[int, ...] = ()  # set_aux_layers: residual streams to return beside the final ones
+
+    def set_aux_layers(self, layers: tuple[int, ...]) -> None:
+        """Also return the residual streams entering ``layers`` (``TargetOutput.aux_hidden_states``)."""
+        layers = tuple(int(i) for i in layers)
+        count = self.config.num_hidden_layers
+        bad = [i for i in layers if not 0 <= i < count]
+        if bad:
+            raise ValueError(f"aux layers {bad} out of range: the target has {count} layers")
+        self.aux_layers = layers
+
+    def _aux(self, out) -> torch.Tensor | None:
+        """(N, A * H) from a forward run with output_hidden_states: hidden_states[i] is what enters layer i."""
+        if not self.aux_layers:
+            return None
+        return torch.cat([out.hidden_states[i][0] for i in self.aux_layers], dim=-1)
 
     def _attention_backends(self):
         """Context for a forward: no cuDNN attention on CUDA (a plan build per new shape)."""
@@ -84,9 +100,11 @@ class HFTarget:
         self.reset()
         ids = input_ids.to(self.device).view(1, -1)  # (1, T)
         with self._attention_backends():
-            out = self.decoder(input_ids=ids, use_cache=True, **{self._cache_kwarg: self.cache})
+            out = self.decoder(input_ids=ids, use_cache=True, output_hidden_states=bool(self.aux_layers),
+                               **{self._cache_kwarg: self.cache})
         hidden = out.last_hidden_state[0]  # (T, H)
-        return TargetOutput(logits=self._logits(hidden[-1:]), hidden_states=hidden)  # only the last predicts
+        return TargetOutput(logits=self._logits(hidden[-1:]), hidden_states=hidden,  # only the last predicts
+                            aux_hidden_states=self._aux(out))
 
     @torch.inference_mode()
     def verify(self, input_ids: torch.Tensor, depths: torch.Tensor, tree_mask: torch.Tensor | None) -> TargetOutput:
@@ -107,10 +125,11 @@ class HFTarget:
             extra["cache_position"] = torch.arange(past, past + n, device=self.device)  # (N,) slots written
         with self._attention_backends():
             out = self.decoder(
-                input_ids=ids, position_ids=position_ids, attention_mask=attention_mask, use_cache=True, **extra
+                input_ids=ids, position_ids=position_ids, attention_mask=attention_mask, use_cache=True,
+                output_hidden_states=bool(self.aux_layers), **extra
             )
         hidden = out.last_hidden_state[0]  # (N, H)
-        return TargetOutput(logits=self._logits(hidden), hidden_states=hidden)
+        return TargetOutput(logits=self._logits(hidden), hidden_states=hidden, aux_hidden_states=self._aux(out))
 
     @torch.inference_mode()
     def commit(self, accepted_nodes: list[int], num_verified: int) -> None:

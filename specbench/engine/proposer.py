@@ -20,7 +20,8 @@ class ProposerState:
     # (H,) the target's final hidden state at the position that predicted token_ids[-1]
     hidden_state: torch.Tensor | None = None
     # (T - 1, H) the target's final hidden state at every position but the last: row i predicted token_ids[i + 1]
-    # (EAGLE's "features"); filled only for proposers that set ``needs_hidden_states``
+    # (EAGLE's "features"); filled only for proposers that set ``needs_hidden_states``; (T - 1, A * H) the aux
+    # layers' residual streams instead when the proposer asked the target for them (``set_aux_layers``, EAGLE-3)
     hidden_states: torch.Tensor | None = None
 
 

@@ -250,10 +250,12 @@ class StaticLlamaForCausalLM(nn.Module):
             self.lm_head.weight = self.model.embed_tokens.weight
         self.register_buffer("inv_freq", rope_inv_freq(shape), persistent=False)  # (D/2,)
 
-    def forward(self, ids, positions, slots, mask, cache: torch.Tensor, ops: StepOps = EAGER_OPS) -> torch.Tensor:
+    def forward(self, ids, positions, slots, mask, cache: torch.Tensor, ops: StepOps = EAGER_OPS,
+                aux_layers: tuple[int, ...] = ()) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Final-normed hidden states ``(W, H)`` of ``ids`` ``(W,)`` at ``positions`` ``(W,)``; their K/V
         go to cache ``slots`` ``(W,)``; ``mask`` ``(W, K)`` bool says which of the first K slots each attends to.
-        ``ops`` runs the pointwise stages (:mod:`specbench.engine.static_ops`), fused or not."""
+        ``ops`` runs the pointwise stages (:mod:`specbench.engine.static_ops`), fused or not. Also returns the
+        residual streams entering ``aux_layers``, concatenated ``(W, len(aux_layers) * H)`` (None without)."""
         x = self.model.embed_tokens(ids)  # (W, H)
         cos, sin = ops.rotary_tables(self.inv_freq, positions, x.dtype)  # (W, D) each
         bias = ops.attention_bias(mask, x.dtype)  # (W, K)
@@ -261,9 +263,12 @@ class StaticLlamaForCausalLM(nn.Module):
         first = layers[0].input_layernorm
         normed = ops.rms_norm(x, first.weight, first.eps)  # (W, H)
         next_norms = [layer.input_layernorm for layer in layers[1:]] + [self.model.norm]
-        for layer, next_norm, kv in zip(layers, next_norms, cache):  # kv: (2, KVH, S, D)
+        aux = {}
+        for index, (layer, next_norm, kv) in enumerate(zip(layers, next_norms, cache)):  # kv: (2, KVH, S, D)
+            if index in aux_layers:
+                aux[index] = x  # (W, H) what enters layer `index`
             x, normed = layer(x, normed, next_norm, cos, sin, kv, slots, bias, ops)
-        return normed  # (W, H)
+        return normed, (torch.cat([aux[i] for i in aux_layers], dim=-1) if aux_layers else None)  # (W, H), (W, A * H)
 
     def logits(self, hidden: torch.Tensor, ops: StepOps = EAGER_OPS) -> torch.Tensor:
         return ops.linear(hidden, self.lm_head.weight, None).float()  # (W, V)

@@ -34,6 +34,7 @@ class _CapturedStep:
     buffers: "_StepBuffers"  # the inputs it reads; a reallocated buffer set needs a new capture
     logits: torch.Tensor  # (W, V)
     hidden: torch.Tensor  # (W, H)
+    aux: torch.Tensor | None  # (W, A * H) or None
 
 
 @dataclass
@@ -100,6 +101,7 @@ class StaticTarget:
         # matmuls, attention and cache writes stay as they are, and prefill keeps the eager stages.
         self.compiled = self.device.type == "cuda" if compile is None else bool(compile)
         self._ops = compiled_ops(autotune_gemv=self.device.type == "cuda") if self.compiled else EAGER_OPS
+        self.aux_layers: tuple[int, ...] = ()  # set_aux_layers: residual streams to return beside the final ones
 
     @classmethod
     def from_hf_model(
@@ -142,6 +144,16 @@ class StaticTarget:
         check_finite(module.named_parameters(), str(directory), "parameter",
                      "the weights are corrupt or the model diverged: re-download or re-export it")
         return cls(module, config, max_context=max_context, source=str(directory), cuda_graphs=cuda_graphs, compile=compile)
+
+    def set_aux_layers(self, layers: tuple[int, ...]) -> None:
+        """Also return the residual streams entering ``layers`` (``TargetOutput.aux_hidden_states``); the captured
+        graphs are dropped, since their outputs change."""
+        layers = tuple(int(i) for i in layers)
+        bad = [i for i in layers if not 0 <= i < self.module.shape.num_layers]
+        if bad:
+            raise ValueError(f"aux layers {bad} out of range: the target has {self.module.shape.num_layers} layers")
+        self.aux_layers = layers
+        self._captured.clear()
 
     # -- cache ---------------------------------------------------------------------------------------
 
@@ -199,9 +211,9 @@ class StaticTarget:
             )
         positions = torch.arange(length, device=self.device)  # (T,)
         causal = torch.ones(length, length, dtype=torch.bool, device=self.device).tril_()  # (T, T) over slots [0, T)
-        hidden = self.module(ids, positions, positions, causal, self._cache.kv)  # (T, H)
+        hidden, aux = self.module(ids, positions, positions, causal, self._cache.kv, aux_layers=self.aux_layers)  # (T, H)
         self._cache.advance(length)
-        return TargetOutput(logits=self.module.logits(hidden[-1:]), hidden_states=hidden)  # only the last predicts
+        return TargetOutput(logits=self.module.logits(hidden[-1:]), hidden_states=hidden, aux_hidden_states=aux)
 
     @torch.inference_mode()
     def verify(self, input_ids: torch.Tensor, depths: torch.Tensor, tree_mask: torch.Tensor | None) -> TargetOutput:
@@ -230,12 +242,12 @@ class StaticTarget:
             buffers.tree.zero_().diagonal().fill_(True)  # padded rows: themselves only
             buffers.tree[:n, :n].copy_(tree_mask)
             buffers.tree_source = tree_mask
-        logits, hidden = self._step(kind, buffers)  # (W, V), (W, H)
+        logits, hidden, aux = self._step(kind, buffers)  # (W, V), (W, H), (W, A * H) or None
         self._pending = (kind, n)
         self.verify_widths.setdefault(kind, Counter())[width] += 1
-        if kind in self._captured:  # the next replay overwrites the graph's outputs: hand out copies
-            return TargetOutput(logits=logits[:n].clone(), hidden_states=hidden[:n].clone())
-        return TargetOutput(logits=logits[:n], hidden_states=hidden[:n])
+        copied = kind in self._captured  # the next replay overwrites the graph's outputs: hand out copies
+        out = [None if t is None else (t[:n].clone() if copied else t[:n]) for t in (logits, hidden, aux)]
+        return TargetOutput(logits=out[0], hidden_states=out[1], aux_hidden_states=out[2])
 
     def _width_for(self, kind: str, n: int) -> int:
         """The kind's fixed width: reserved, or set by its first step; a wider step widens it (and
@@ -247,7 +259,7 @@ class StaticTarget:
             self._buffers[kind] = _StepBuffers.allocate(width, self.device)
         return width
 
-    def _step(self, kind: str, buffers: _StepBuffers) -> tuple[torch.Tensor, torch.Tensor]:
+    def _step(self, kind: str, buffers: _StepBuffers) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """The kind's verify forward: a graph replay when graphs are on (captured at the kind's first step)."""
         if not self.cuda_graphs:
             return self._forward(buffers)
@@ -255,7 +267,7 @@ class StaticTarget:
         if captured is None or captured.buffers is not buffers:
             captured = self._captured[kind] = self._capture(buffers)
         captured.graph.replay()
-        return captured.logits, captured.hidden
+        return captured.logits, captured.hidden, captured.aux
 
     def _capture(self, buffers: _StepBuffers) -> _CapturedStep:
         """Record ``_forward`` over ``buffers`` as a CUDA graph. The warm-up runs first on a side stream
@@ -273,19 +285,20 @@ class StaticTarget:
             self._graph_pool = torch.cuda.graph_pool_handle()  # one memory pool shared by every kind's graph
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self._graph_pool):
-            logits, hidden = self._forward(buffers)
+            logits, hidden, aux = self._forward(buffers)
         torch.cuda.synchronize(self.device)
         self.capture_seconds += time.perf_counter() - start
-        return _CapturedStep(graph, buffers, logits, hidden)
+        return _CapturedStep(graph, buffers, logits, hidden, aux)
 
-    def _forward(self, buffers: _StepBuffers) -> tuple[torch.Tensor, torch.Tensor]:
+    def _forward(self, buffers: _StepBuffers) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """One fixed-shape verify forward over the static buffers: the region a CUDA graph captures."""
         cache = self._cache
         width = buffers.ids.numel()
         positions = cache.length + buffers.depths  # (W,)
         mask = cache.attention_mask(buffers.tree)  # (W, S)
-        hidden = self.module(buffers.ids, positions, cache.new_slots(width), mask, cache.kv, self._ops)  # (W, H)
-        return self.module.logits(hidden, self._ops), hidden  # (W, V), (W, H)
+        hidden, aux = self.module(buffers.ids, positions, cache.new_slots(width), mask, cache.kv, self._ops,
+                                  aux_layers=self.aux_layers)  # (W, H), (W, A * H) or None
+        return self.module.logits(hidden, self._ops), hidden, aux  # (W, V), (W, H), (W, A * H)
 
     @torch.inference_mode()
     def commit(self, accepted_nodes: list[int], num_verified: int) -> None:

@@ -80,7 +80,8 @@ def measure_step_costs(target: Target, proposer: Proposer | None, prompt_ids, *,
     prefill = target.prefill(prompt)
     root = prefill.logits[-1].argmax().reshape(1).to(device)  # (1,) the first output token
     tokens = torch.cat([prompt.to(device), root])  # (T + 1,)
-    state = ProposerState(token_ids=tokens, hidden_state=prefill.hidden_states[-1], hidden_states=prefill.hidden_states)
+    features = prefill.aux_hidden_states if prefill.aux_hidden_states is not None else prefill.hidden_states  # (T, F)
+    state = ProposerState(token_ids=tokens, hidden_state=prefill.hidden_states[-1], hidden_states=features)
 
     draft, draft_times = None, []
     if proposer is not None:

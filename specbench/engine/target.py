@@ -17,6 +17,9 @@ import torch
 class TargetOutput:
     logits: torch.Tensor  # (N, V) float32 next-token logits of each input position
     hidden_states: torch.Tensor  # (N, H) final hidden states after the final norm (what Medusa heads read)
+    # (N, A * H) the residual streams entering the layers set by ``set_aux_layers`` (EAGLE-3's fused features),
+    # concatenated in that order; None unless asked for
+    aux_hidden_states: torch.Tensor | None = None
 
 
 @runtime_checkable
