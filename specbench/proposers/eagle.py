@@ -1,0 +1,230 @@
+"""EAGLE proposer: a draft head over the target's features drafts a top-1 chain, an EAGLE-1 static tree or an
+EAGLE-2 dynamic tree, catching its KV cache up with the target's features of the accepted tokens each step
+(docs/eagle.md)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from specbench.eagle.draft_head import EagleHead
+from specbench.eagle.expansion import (
+    StaticTreePlan,
+    draft_chain,
+    draft_dynamic_tree,
+    draft_static_tree,
+    dynamic_pool_size,
+)
+from specbench.engine.draft import Draft
+from specbench.engine.proposer import Proposer, ProposerState
+from specbench.engine.tree import TreeSpec, load_tree
+from specbench.proposers.registry import register_proposer
+
+
+def target_input_embedding(target) -> nn.Module:
+    """The target's token embedding: ``model.get_input_embeddings()`` of an HFTarget, ``module.model.embed_tokens``
+    of a StaticTarget."""
+    model = getattr(target, "model", None)
+    if model is not None and hasattr(model, "get_input_embeddings"):
+        return model.get_input_embeddings()
+    body = getattr(getattr(target, "module", None), "model", None)
+    if body is not None and isinstance(getattr(body, "embed_tokens", None), nn.Module):
+        return body.embed_tokens
+    raise ValueError(
+        f"cannot reach the token embedding of target {type(target).__name__} (neither model.get_input_embeddings() "
+        "nor module.model.embed_tokens); use a draft head that ships its own embed_tokens"
+    )
+
+
+def target_hidden_size(target) -> int:
+    hidden = getattr(getattr(target, "config", None), "hidden_size", None)
+    lm_head = getattr(target, "lm_head", None)
+    if hidden is None and lm_head is not None:
+        hidden = lm_head.weight.shape[1]
+    if hidden is None:
+        raise ValueError(f"cannot tell the hidden size of target {type(target).__name__}: no config.hidden_size, no lm_head")
+    return int(hidden)
+
+
+@register_proposer
+class EagleProposer(Proposer):
+    name = "eagle"
+    needs_hidden_states = True
+
+    def __init__(
+        self,
+        head: EagleHead,
+        lm_head: nn.Module,
+        embedding: nn.Module | None = None,
+        *,
+        num_speculative_tokens: int | None = None,
+        tree: TreeSpec | None = None,
+        top_k: int | None = None,
+        depth: int | None = None,
+        total_tokens: int | None = None,
+    ):
+        dynamic = {"top_k": top_k, "depth": depth, "total_tokens": total_tokens}
+        given = [name for name, on in (("num_speculative_tokens", num_speculative_tokens is not None),
+                                       ("tree", tree is not None),
+                                       ("top_k/depth/total_tokens", any(v is not None for v in dynamic.values()))) if on]
+        if len(given) != 1:
+            raise ValueError(
+                "EAGLE needs exactly one of num_speculative_tokens (a top-1 chain of K), tree (EAGLE-1: a static tree "
+                "name, JSON file or list of paths) or top_k, depth and total_tokens (EAGLE-2's dynamic tree); got "
+                f"{', '.join(given) or 'none'}"
+            )
+        vocab = int(lm_head.weight.shape[0])
+        device = head.fc.weight.device
+        self.mode = {"num_speculative_tokens": "chain", "tree": "tree"}.get(given[0], "dynamic")
+        self.plan: StaticTreePlan | None = None
+        if self.mode == "chain":
+            if not isinstance(num_speculative_tokens, int) or num_speculative_tokens < 1:
+                raise ValueError(f"num_speculative_tokens (K) must be an integer >= 1, got {num_speculative_tokens!r}")
+            self.num_nodes, self.expansion_slots = num_speculative_tokens, num_speculative_tokens - 1
+        elif self.mode == "tree":
+            buffers = load_tree(tree)
+            if buffers.top_k > vocab:
+                raise ValueError(f"EAGLE tree uses rank {buffers.top_k - 1} but the vocabulary has {vocab} tokens")
+            self.plan = StaticTreePlan.from_tree(buffers).to(device)
+            self.num_nodes, self.expansion_slots = buffers.num_nodes, self.plan.num_expanded
+        else:
+            missing = [name for name, value in dynamic.items() if value is None]
+            if missing:
+                raise ValueError(f"EAGLE-2's dynamic tree needs top_k, depth and total_tokens; missing {', '.join(missing)}")
+            bad = [f"{name}={value!r}" for name, value in dynamic.items() if not isinstance(value, int) or value < 1]
+            if bad:
+                raise ValueError(f"EAGLE-2's top_k, depth and total_tokens must be integers >= 1, got {', '.join(bad)}")
+            if top_k > vocab:
+                raise ValueError(f"EAGLE-2 top_k={top_k} exceeds the vocabulary of {vocab} tokens")
+            pool = dynamic_pool_size(top_k, depth)
+            if total_tokens > pool:
+                raise ValueError(
+                    f"EAGLE-2 total_tokens={total_tokens} exceeds the {pool} candidates top_k={top_k}, depth={depth} "
+                    f"scores (top_k + (depth - 1) * top_k^2); lower total_tokens or raise top_k or depth"
+                )
+            self.num_nodes, self.expansion_slots = total_tokens, top_k * (depth - 1)
+        self.top_k, self.depth, self.total_tokens = top_k, depth, total_tokens
+        self.head = head.prepare()
+        self.lm_head = lm_head
+        self.embedding = head.embed_tokens if head.embed_tokens is not None else embedding
+        if self.embedding is None:
+            raise ValueError("this draft head has no embed_tokens of its own; pass the target's embedding")
+        self._capacity = 0
+        self._committed = 0  # draft positions whose KV holds the target's features (positions 0 .. committed - 1)
+
+    @classmethod
+    def from_options(
+        cls,
+        target,
+        *,
+        head: EagleHead | None = None,
+        path: str | None = None,
+        num_speculative_tokens: int | None = None,
+        tree: TreeSpec | None = None,
+        top_k: int | None = None,
+        depth: int | None = None,
+        total_tokens: int | None = None,
+    ) -> "EagleProposer":
+        """A head from ``head`` (a module) or ``path`` (a checkpoint reference), moved to the target's device and
+        dtype; the target's lm_head scores its outputs and its embedding serves heads without embed_tokens."""
+        if (head is None) == (path is None):
+            raise ValueError(f"EAGLE needs exactly one of head (an EagleHead) or path (a checkpoint); got head="
+                             f"{type(head).__name__ if head is not None else None}, path={path!r}")
+        lm_head = getattr(target, "lm_head", None)
+        if lm_head is None:
+            raise ValueError(f"target {type(target).__name__} has no lm_head, which an EAGLE-1/2 head drafts through")
+        hidden = target_hidden_size(target)
+        if path is not None:
+            from specbench.eagle.checkpoint import load_eagle_head  # checkpoint formats load only when asked for
+
+            head = load_eagle_head(path, target_hidden_size=hidden, target_vocab_size=target.vocab_size,
+                                   dtype=target.dtype, device=target.device)
+        elif head.config.hidden_size != hidden or (head.embed_tokens is not None and head.config.vocab_size != target.vocab_size):
+            raise ValueError(
+                f"the EAGLE head has hidden_size {head.config.hidden_size} and vocab_size {head.config.vocab_size}; the "
+                f"target has {hidden} and {target.vocab_size}"
+            )
+        head = head.to(device=target.device, dtype=target.dtype)
+        embedding = None if head.embed_tokens is not None else target_input_embedding(target)
+        return cls(head, lm_head, embedding, num_speculative_tokens=num_speculative_tokens, tree=tree, top_k=top_k,
+                   depth=depth, total_tokens=total_tokens)
+
+    @property
+    def max_draft_tokens(self) -> int:
+        return self.num_nodes
+
+    def describe(self) -> dict:
+        embed = "own" if self.head.embed_tokens is not None else "target"
+        settings = {"name": self.name, "mode": self.mode, "embed_tokens": embed}
+        if self.mode == "chain":
+            settings["num_speculative_tokens"] = self.num_nodes
+        elif self.mode == "tree":
+            tree = self.plan.tree
+            settings.update(tree=tree.name or "custom", tree_nodes=tree.num_nodes, tree_depth=tree.max_depth)
+        else:
+            settings.update(top_k=self.top_k, depth=self.depth, total_tokens=self.total_tokens)
+        return settings
+
+    # -- per request -----------------------------------------------------------------------------------
+
+    def reserve(self, num_tokens: int) -> None:
+        """Draft-cache room for requests of ``num_tokens`` tokens plus one step's expansion."""
+        self._capacity = max(self._capacity, num_tokens + self.expansion_slots)
+        self.head.reset_cache(self._capacity)
+        self._committed = 0
+
+    def begin_request(self, prompt_ids: torch.Tensor) -> None:
+        self.head.reset_cache(max(self._capacity, prompt_ids.numel() + self.expansion_slots + 1))
+        self._committed = 0
+
+    def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden).float()  # (W, V): the draft's output goes through the target's lm_head as it is
+
+    def _catch_up(self, state: ProposerState) -> torch.Tensor:
+        """Run the draft over the positions the target accepted since the last call, with the target's features;
+        returns ``(H,)``, the draft's output at the last position (the root's), which predicts depth 1.
+
+        Draft position i reads ``embed(token_ids[i + 1])`` and ``hidden_states[i]``. Entries past the committed
+        positions (the last draft's nodes) are dropped first. A call with nothing new redoes the last position,
+        so a repeated call costs what a step with no accepted token costs (docs/eagle.md#catch-up).
+        """
+        tokens, features = state.token_ids, state.hidden_states
+        need = tokens.numel() - 1  # draft positions 0 .. T - 2
+        if features is None or features.shape[0] != need or need < 1:
+            got = None if features is None else tuple(features.shape)
+            raise ValueError(
+                f"the EAGLE proposer needs the target's hidden states ({need}, H) for {tokens.numel()} tokens, got {got}"
+            )
+        start = min(self._committed, self.head.cache_length, need - 1)
+        self.head.truncate(start)
+        device = self.head.fc.weight.device
+        embeds = self.embedding(tokens[start + 1: need + 1].to(device))  # (W, H)
+        positions = torch.arange(start, need, device=device)  # (W,)
+        hidden = self.head.extend(embeds, features[start:need].to(device), positions)  # (W, H)
+        self._committed = need
+        return hidden[-1]
+
+    def _expander(self):
+        committed, root_position = self._committed, self._committed - 1
+
+        def expand(tokens: torch.Tensor, features: torch.Tensor, depth: int, sees: torch.Tensor):
+            positions = torch.full((tokens.numel(),), root_position + depth, device=tokens.device)  # (W,) siblings share one
+            hidden = self.head.extend(self.embedding(tokens), features, positions, visible=committed, block_mask=sees)
+            return hidden, self._logits(hidden)  # (W, H), (W, V)
+
+        return expand
+
+    @torch.inference_mode()
+    def propose(self, state: ProposerState) -> Draft:
+        root_hidden = self._catch_up(state)  # (H,)
+        root_logits = self._logits(root_hidden[None])[0]  # (V,) predicts depth 1
+        expand = self._expander()
+        try:
+            if self.mode == "chain":
+                return draft_chain(root_hidden, root_logits, expand, self.num_nodes)
+            if self.mode == "tree":
+                return draft_static_tree(self.plan, root_hidden, root_logits, expand)
+            return draft_dynamic_tree(root_hidden, root_logits, expand, top_k=self.top_k, depth=self.depth,
+                                      total_tokens=self.total_tokens)
+        finally:
+            self.head.truncate(self._committed)  # the draft nodes' entries never outlive the step

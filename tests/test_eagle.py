@@ -1,0 +1,409 @@
+"""EAGLE-1/2: the published checkpoint layout round-trips and every malformed variant gets its clear error; the
+draft head matches transformers' layer and its cached forward a from-scratch one; chains, static and dynamic
+trees decode losslessly on both targets; EAGLE-2 keeps the best nodes as a tree (docs/eagle.md)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+from torch import nn
+from transformers import LlamaConfig
+from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
+
+from specbench.eagle.checkpoint import EagleCheckpointError, expected_shapes, load_eagle_head, save_eagle_head
+from specbench.eagle.draft_head import EagleConfig, EagleHead
+from specbench.eagle.expansion import draft_dynamic_tree
+from specbench.engine.decode import Decoder, GenerationConfig
+from specbench.engine.hf_target import HFTarget
+from specbench.engine.proposer import ProposerState
+from specbench.engine.static_target import StaticTarget
+from specbench.engine.tree import load_tree
+from specbench.proposers import create_proposer
+from specbench.proposers.eagle import EagleProposer
+from specbench.proposers.scripted import ScriptedProposer
+from _prompts import random_prompt, repetitive_prompt
+from test_static_target import HIDDEN, LLAMA3, VOCAB, build
+
+MAX_NEW = 24
+ATOL = 1e-4  # fp32 outputs of magnitude ~10: summation order only; a wrong position or cache entry moves them by O(1)
+SMALL_TREE = [[0], [1], [2], [0, 0], [0, 1], [1, 0], [0, 0, 0], [0, 1, 0], [0, 0, 1]]
+MODES = {
+    "chain": dict(num_speculative_tokens=3),
+    "static-tree": dict(tree=SMALL_TREE),
+    "dynamic-tree": dict(top_k=3, depth=4, total_tokens=12),
+}
+
+
+def random_head(seed: int = 1, *, with_embed: bool = True, bias: bool = True, rope_scaling=None, std: float = 0.2) -> EagleHead:
+    config = EagleConfig(HIDDEN, 128, 4, 2, VOCAB, bias=bias, rope_theta=500000.0 if rope_scaling else 10000.0,
+                         rope_scaling=rope_scaling, max_position_embeddings=256)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        head = EagleHead(config, with_embed=with_embed)
+        for name, p in head.named_parameters():
+            nn.init.normal_(p, mean=1.0 if name.endswith("layernorm.weight") else 0.0, std=std)
+    return head.prepare()
+
+
+def head_inputs(length: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randn(length, HIDDEN, generator=gen), torch.randn(length, HIDDEN, generator=gen)  # (T, H) each
+
+
+def from_scratch(head: EagleHead, embeds: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
+    return head(embeds, features, torch.arange(embeds.shape[0]), head.new_cache())  # (T, H)
+
+
+# ---------------------------------------------------------------- checkpoints
+
+
+@pytest.mark.parametrize(("fmt", "with_embed", "bias", "rope"), [
+    ("bin", True, True, None), ("bin", False, True, None), ("safetensors", True, True, None), ("bin", True, False, LLAMA3),
+], ids=["bin", "bin-no-embed", "safetensors", "llama3-bias-false"])
+def test_checkpoint_round_trip(tmp_path, fmt, with_embed, bias, rope):
+    head = random_head(with_embed=with_embed, bias=bias, rope_scaling=rope)
+    out = save_eagle_head(tmp_path / "head", head, format=fmt, with_embed=with_embed)
+    files = sorted(p.name for p in out.iterdir())
+    assert files == sorted(["config.json", "pytorch_model.bin" if fmt == "bin" else "model.safetensors"])
+    config = json.loads((out / "config.json").read_text())
+    assert config["num_hidden_layers"] == 1 and config["bias"] is bias and config["model_type"] == "llama"
+    if fmt == "bin":
+        keys = set(torch.load(out / "pytorch_model.bin", weights_only=True))
+        assert keys == set(expected_shapes(head.config)) | ({"embed_tokens.weight"} if with_embed else set())
+        assert ("fc.bias" in keys) is bias and not any("input_layernorm" in k for k in keys)
+    loaded = load_eagle_head(out, target_hidden_size=HIDDEN, target_vocab_size=VOCAB, dtype=torch.float32)
+    assert loaded.config == head.config and (loaded.embed_tokens is None) is (not with_embed)
+    want, got = head.state_dict(), loaded.state_dict()
+    assert want.keys() - ({"embed_tokens.weight"} if not with_embed else set()) == got.keys()
+    assert all(torch.equal(want[k], got[k]) for k in got)
+    embeds, features = head_inputs(9)
+    torch.testing.assert_close(from_scratch(loaded, embeds, features), from_scratch(head, embeds, features), atol=0, rtol=0)
+
+
+def _rewrite(directory, edit) -> None:
+    """Apply ``edit`` to the state dict in pytorch_model.bin (written by the test, read back weights_only)."""
+    state = torch.load(directory / "pytorch_model.bin", weights_only=True)
+    edit(state)
+    torch.save(state, directory / "pytorch_model.bin")
+
+
+def _put(key: str, tensor: torch.Tensor):
+    return lambda state: state.update({key: tensor})
+
+
+def _poison(key: str):
+    return lambda state: state[key].view(-1).__setitem__(0, math.nan)
+
+
+MALFORMED = {  # variant -> (edit of the state dict, what the message must say besides the file)
+    "missing-key": (lambda state: state.pop("layers.0.mlp.up_proj.weight"), "'layers.0.mlp.up_proj.weight' is missing"),
+    "unexpected-key": (_put("layers.0.extra.weight", torch.zeros(3)), "unexpected key 'layers.0.extra.weight'"),
+    "wrong-shape": (_put("fc.weight", torch.zeros(HIDDEN, HIDDEN)), "'fc.weight' has shape (64, 64), expected (64, 128)"),
+    "input-layernorm": (_put("layers.0.input_layernorm.weight", torch.ones(HIDDEN)), "not an EAGLE-1/2 layout"),
+    "eagle3-key": (_put("midlayer.hidden_norm.weight", torch.ones(HIDDEN)), "EAGLE-3"),
+    "nan": (_poison("layers.0.mlp.down_proj.weight"), "'layers.0.mlp.down_proj.weight' holds 1 non-finite"),
+    "embed-vocab": (_put("embed_tokens.weight", torch.zeros(VOCAB // 2, HIDDEN)), "does not fit the target's 256"),
+}
+
+
+@pytest.mark.parametrize("variant", sorted(MALFORMED))
+def test_malformed_weights_name_file_and_key(tmp_path, variant):
+    edit, message = MALFORMED[variant]
+    out = save_eagle_head(tmp_path / "head", random_head())
+    _rewrite(out, edit)
+    with pytest.raises(EagleCheckpointError) as error:
+        load_eagle_head(out, target_hidden_size=HIDDEN, target_vocab_size=VOCAB)
+    assert str(out / "pytorch_model.bin") in str(error.value) and message in str(error.value), str(error.value)
+
+
+@pytest.mark.parametrize(("hidden", "vocab", "message"), [
+    (2 * HIDDEN, VOCAB, f"hidden_size = {HIDDEN}, but the target's is {2 * HIDDEN}"),
+    (HIDDEN, 2 * VOCAB, f"vocab_size = {VOCAB}, but the target's is {2 * VOCAB}"),
+])
+def test_target_size_mismatch_names_both_sizes(tmp_path, hidden, vocab, message):
+    out = save_eagle_head(tmp_path / "head", random_head())
+    with pytest.raises(ValueError, match="config.json") as error:
+        load_eagle_head(out, target_hidden_size=hidden, target_vocab_size=vocab)
+    assert message in str(error.value)
+
+
+def test_bias_flag_must_agree_with_the_weights(tmp_path):
+    out = save_eagle_head(tmp_path / "head", random_head(bias=False))
+    _rewrite(out, lambda s: s.update({"fc.bias": torch.zeros(HIDDEN)}))
+    with pytest.raises(EagleCheckpointError, match="says \"bias\": false, yet the file holds an fc bias"):
+        load_eagle_head(out, target_hidden_size=HIDDEN, target_vocab_size=VOCAB)
+    config = json.loads((out / "config.json").read_text())
+    (out / "config.json").write_text(json.dumps({**config, "num_hidden_layers": 2}))
+    with pytest.raises(EagleCheckpointError, match="num_hidden_layers = 2"):
+        load_eagle_head(out, target_hidden_size=HIDDEN, target_vocab_size=VOCAB)
+
+
+# ---------------------------------------------------------------- the draft head's forward
+
+
+def test_head_layer_matches_transformers_llama_layer_without_input_norm():
+    """An implementation nobody here wrote: transformers' LlamaDecoderLayer with its input norm removed."""
+    head = random_head(rope_scaling=LLAMA3)
+    config = LlamaConfig(hidden_size=HIDDEN, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
+                         vocab_size=VOCAB, num_hidden_layers=1, rope_scaling=LLAMA3, rope_theta=500000.0,
+                         max_position_embeddings=256, rms_norm_eps=head.config.rms_norm_eps)
+    config._attn_implementation = "eager"
+    layer = LlamaDecoderLayer(config, layer_idx=0).eval()
+    layer.input_layernorm = nn.Identity()
+    layer.load_state_dict({k.removeprefix("layers.0."): v for k, v in head.state_dict().items() if k.startswith("layers.0.")})
+    embeds, features = head_inputs(14)
+    with torch.inference_mode():
+        x = head.fc(torch.cat([embeds, features], dim=-1))[None]  # (1, T, H)
+        positions = torch.arange(14)[None]
+        mask = torch.full((14, 14), -torch.inf).triu_(1)[None, None]  # (1, 1, T, T)
+        want = layer(x, attention_mask=mask, position_ids=positions,
+                     position_embeddings=LlamaRotaryEmbedding(config)(x, positions))[0]
+    torch.testing.assert_close(from_scratch(head, embeds, features), want, atol=ATOL, rtol=0)
+
+
+def test_cached_forward_with_tree_expansion_and_rollback_equals_from_scratch():
+    head = random_head()
+    embeds, features = head_inputs(20)
+    want = from_scratch(head, embeds, features)  # (20, H)
+    cache = head.new_cache(capacity=4)  # grows on the way
+    got = [head(embeds[:8], features[:8], torch.arange(8), cache)]
+    junk, _ = head_inputs(5, seed=9)  # a tree expansion beyond the committed 8, rolled back
+    sees = torch.eye(5, dtype=torch.bool)
+    head(junk, junk, torch.full((5,), 8), cache, visible=8, block_mask=sees)
+    cache.truncate(8)
+    got.append(head(embeds[8:13], features[8:13], torch.arange(8, 13), cache))
+    cache.truncate(11)  # a rejected suffix: redo from 11
+    got[-1] = got[-1][:3]
+    got.append(head(embeds[11:20], features[11:20], torch.arange(11, 20), cache))
+    torch.testing.assert_close(torch.cat(got), want, atol=ATOL, rtol=0)
+
+
+class OracleEagle(EagleProposer):
+    """Runs the EAGLE catch-up and drafting every step, but returns an oracle chain (wrong where asked), so whole
+    runs of tokens are accepted and the catch-up must add several positions at once."""
+
+    def __init__(self, oracle: ScriptedProposer, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.oracle, self.seen = oracle, []
+
+    @property
+    def max_draft_tokens(self) -> int:
+        return self.oracle.k
+
+    def begin_request(self, prompt_ids):
+        super().begin_request(prompt_ids)
+        self.oracle.begin_request(prompt_ids)
+
+    def _catch_up(self, state):
+        hidden = super()._catch_up(state)
+        self.seen.append((state.token_ids.clone(), state.hidden_states.clone(), hidden.clone()))
+        return hidden
+
+    def propose(self, state):
+        super().propose(state)
+        return self.oracle.propose(state)
+
+
+@pytest.mark.parametrize("mode", sorted(MODES))
+def test_catch_up_after_accepted_runs_equals_from_scratch(mode):
+    """At every step the draft's output at the root equals a from-scratch forward over the whole history with the
+    target's features: the catch-up adds exactly the accepted tokens and the rollback drops every draft node."""
+    model = build("llama")
+    target = HFTarget(model)
+    prompt = random_prompt(10, 3)
+    truth = Decoder(target, None, GenerationConfig(max_new_tokens=MAX_NEW + 8)).generate(prompt).output_token_ids
+    head = random_head(with_embed=False)
+    embedding = model.get_input_embeddings()
+    oracle = ScriptedProposer(truth, 4, VOCAB, wrong_positions={3, 9, 10, 17})
+    proposer = OracleEagle(oracle, head, target.lm_head, embedding, **MODES[mode])
+    result = Decoder(target, proposer, GenerationConfig(max_new_tokens=MAX_NEW)).generate(prompt)
+    assert result.output_token_ids == truth[:MAX_NEW]
+    steps = [tokens.numel() for tokens, _, _ in proposer.seen]
+    assert max(b - a for a, b in zip(steps, steps[1:])) == 5  # a whole chain of 4 accepted, plus the bonus token
+    for tokens, features, hidden in proposer.seen:
+        with torch.inference_mode():
+            want = from_scratch(head, embedding(tokens[1:]), features)[-1]
+        torch.testing.assert_close(hidden, want, atol=ATOL, rtol=0)
+    tokens, features, _ = proposer.seen[-1]
+    state = ProposerState(token_ids=tokens, hidden_states=features)
+    first, again = EagleProposer.propose(proposer, state), EagleProposer.propose(proposer, state)
+    assert torch.equal(first.tokens, again.tokens) and torch.equal(first.parents, again.parents)  # repeat calls agree
+
+
+def _path_hidden(head, embedding, tokens, features, path, memo):
+    """The draft's output after ``path`` (draft tokens under the root), from scratch: the history with the target's
+    features, then the path's tokens, each reading the output before it (docs/eagle.md#draft-forward)."""
+    if path not in memo:
+        own = [_path_hidden(head, embedding, tokens, features, path[:j], memo) for j in range(len(path))]
+        embeds = embedding(torch.cat([tokens[1:], torch.tensor(path, dtype=torch.long)]))
+        memo[path] = from_scratch(head, embeds, torch.cat([features, *(h[None] for h in own)]))[-1]
+    return memo[path]
+
+
+@pytest.mark.parametrize("mode", sorted(MODES))
+def test_every_draft_token_follows_from_scratch_forwards_along_its_path(mode):
+    """Every node the draft expanded has the output of a from-scratch draft forward along its path, and every draft
+    token is the rank the rule asks for (chain: top-1; static tree: its path's rank; dynamic: one of the top_k) of
+    the target's lm_head over its parent's: expansion positions, masks and features are right."""
+    model = build("llama")
+    target = HFTarget(model)
+    head = random_head(seed=5, std=0.1)  # flatter draft distributions: EAGLE-2's frontier mixes parents
+    proposer = EagleProposer.from_options(target, head=head, **MODES[mode])
+    prompt = random_prompt(11, 6)
+    prefill = target.prefill(prompt)
+    tokens = torch.cat([prompt, prefill.logits[-1:].argmax(-1)])
+    proposer.begin_request(prompt)
+    expanded = []  # (path, hidden) of every node the draft ran on; a node's feature is its parent's output
+    make_expander = proposer._expander
+
+    def recording_expander():
+        expand = make_expander()
+
+        def recorded(tokens, features, depth, sees):
+            hidden, logits = expand(tokens, features, depth, sees)
+            for token, feature, out in zip(tokens.tolist(), features, hidden):
+                above = next((path for path, h in expanded if torch.equal(h, feature)), ())
+                expanded.append((above + (token,), out.clone()))
+            return hidden, logits
+
+        return recorded
+
+    proposer._expander = recording_expander
+    draft = proposer.propose(ProposerState(token_ids=tokens, hidden_states=prefill.hidden_states))
+    assert len(expanded) == {"chain": 2, "static-tree": 4, "dynamic-tree": 9}[mode]
+    ranks = [p[-1] for p in load_tree(SMALL_TREE).paths] if mode == "static-tree" else [0] * len(draft)
+    memo, paths = {}, []
+    with torch.inference_mode():
+        for i, (token, parent) in enumerate(zip(draft.tokens.tolist(), draft.parents.tolist())):
+            above = paths[parent - 1] if parent else ()
+            paths.append(above + (token,))
+            logits = target.lm_head(_path_hidden(head, head.embed_tokens, tokens, prefill.hidden_states, above, memo))
+            top = logits.topk(MODES[mode].get("top_k", 3)).indices.tolist()
+            assert token in top if mode == "dynamic-tree" else token == top[ranks[i]], (i, token, top)
+        for path, hidden in expanded:  # positions, masks and features of every expansion
+            want = _path_hidden(head, head.embed_tokens, tokens, prefill.hidden_states, path, memo)
+            torch.testing.assert_close(hidden, want, atol=ATOL, rtol=1e-5)  # fed-back outputs grow to ~100
+            parent = _path_hidden(head, head.embed_tokens, tokens, prefill.hidden_states, path[:-1], memo)
+            assert path[-1] in target.lm_head(parent).topk(MODES[mode].get("top_k", 3)).indices.tolist()
+    assert max(map(len, paths)) == 3 if mode != "dynamic-tree" else max(map(len, paths)) <= 4
+
+
+# ---------------------------------------------------------------- lossless decoding
+
+
+@pytest.mark.parametrize("engine", ["eager", "static"])
+@pytest.mark.parametrize("mode", sorted(MODES))
+def test_greedy_eagle_matches_plain_decoding(engine, mode):
+    model = build("llama")
+    prompts = [random_prompt(12, 1), repetitive_prompt(4)]
+    plain = HFTarget(model)
+    truths = [Decoder(plain, None, GenerationConfig(max_new_tokens=MAX_NEW)).generate(p).output_token_ids for p in prompts]
+    target = HFTarget(model) if engine == "eager" else StaticTarget.from_hf_model(model)
+    head = random_head(with_embed=mode != "chain")  # the chain drafts through the target's embedding
+    proposer = create_proposer("eagle", target, head=head, **MODES[mode])
+    decoder = Decoder(target, proposer, GenerationConfig(max_new_tokens=MAX_NEW))
+    drafts = 0
+    for prompt, truth in zip(prompts, truths):
+        result = decoder.generate(prompt)
+        assert result.output_token_ids == truth
+        drafts += result.counters.num_drafts
+        assert result.counters.num_draft_tokens <= result.counters.num_drafts * proposer.max_draft_tokens
+    assert drafts > 0
+    if engine == "static":  # one verify width per step kind: every tree padded to its reserved width
+        assert all(len(widths) == 1 for widths in target.verify_widths.values()), target.verify_widths
+        kind = "chain" if mode == "chain" else "tree"
+        assert set(target.verify_widths[kind]) == {proposer.max_draft_tokens + 1}
+
+
+def test_published_tree_from_a_checkpoint_path_is_lossless(tmp_path):
+    try:
+        load_tree("mc_sim_7b_63")
+    except ValueError:
+        pytest.skip("the published Medusa trees are not in SPECBENCH_DATA_DIR")
+    model = build("llama")
+    target = StaticTarget.from_hf_model(model)
+    path = save_eagle_head(tmp_path / "head", random_head(seed=3), format="safetensors")
+    proposer = create_proposer("eagle", target, path=str(path), tree="mc_sim_7b_63")
+    assert proposer.max_draft_tokens == 63 and proposer.describe()["tree"] == "mc_sim_7b_63"
+    prompt = random_prompt(12, 2)
+    truth = Decoder(HFTarget(model), None, GenerationConfig(max_new_tokens=MAX_NEW)).generate(prompt).output_token_ids
+    assert Decoder(target, proposer, GenerationConfig(max_new_tokens=MAX_NEW)).generate(prompt).output_token_ids == truth
+    assert set(target.verify_widths["tree"]) == {64}
+
+
+# ---------------------------------------------------------------- EAGLE-2's dynamic tree
+
+
+def test_dynamic_tree_shape_on_real_drafts():
+    model = build("llama")
+    target = HFTarget(model)
+    proposer = EagleProposer.from_options(target, head=random_head(), top_k=4, depth=3, total_tokens=20)
+    prompt = random_prompt(15, 5)
+    prefill = target.prefill(prompt)
+    for cut in (4, 9, 15):
+        tokens = torch.cat([prompt[:cut], prefill.logits[-1:].argmax(-1)]) if cut == 15 else prompt[: cut + 1]
+        proposer.begin_request(tokens[:-1])
+        draft = proposer.propose(ProposerState(token_ids=tokens, hidden_states=prefill.hidden_states[:cut]))
+        parents = draft.parents.tolist()
+        assert len(draft) == 20 and draft.depth() <= 3
+        assert all(0 <= p <= i for i, p in enumerate(parents))  # node i + 1's parent precedes it
+        assert proposer.head.cache_length == cut  # the expansion's entries are rolled back
+
+
+def _brute_force_pool(root_logits, table, top_k, depth):
+    """EAGLE-2's candidates by the paper's rule, in plain Python: {token path: cumulative log-probability}."""
+    logp = lambda logits: torch.log_softmax(logits, -1).tolist()
+    def children(path, score):
+        row = logp(table[path[-1]] if path else root_logits)
+        best = sorted(range(len(row)), key=lambda t: -row[t])[:top_k]
+        return {path + (t,): score + row[t] for t in best}
+    pool = children((), 0.0)
+    frontier = dict(pool)
+    for _ in range(depth - 1):
+        level = {}
+        for path, score in frontier.items():
+            level.update(children(path, score))
+        pool.update(level)
+        frontier = dict(sorted(level.items(), key=lambda item: -item[1])[:top_k])
+    return pool
+
+
+def test_dynamic_tree_keeps_the_highest_cumulative_log_probabilities():
+    """Draft logits that depend only on the token (a random table): the kept nodes are exactly the best
+    ``total_tokens`` of every candidate the rule scores, and each node's parent is its path's prefix."""
+    vocab, top_k, depth, total = 12, 3, 4, 10
+    gen = torch.Generator().manual_seed(4)
+    table = 3 * torch.randn(vocab, vocab, generator=gen)  # (V, V) logits after each token
+    root_logits = 3 * torch.randn(vocab, generator=gen)
+
+    def expand(tokens, features, level, sees):
+        assert sees.shape == (tokens.numel(), top_k * level) and sees[:, -top_k:].equal(torch.eye(top_k, dtype=torch.bool))
+        return features, table[tokens]  # (W, H), (W, V)
+
+    draft = draft_dynamic_tree(torch.zeros(HIDDEN), root_logits, expand, top_k=top_k, depth=depth, total_tokens=total)
+    paths = []
+    for token, parent in zip(draft.tokens.tolist(), draft.parents.tolist()):
+        paths.append((paths[parent - 1] if parent else ()) + (token,))
+    pool = _brute_force_pool(root_logits, table, top_k, depth)
+    best = sorted(pool, key=lambda path: -pool[path])[:total]
+    assert set(paths) == set(best)
+    assert max(len(p) for p in paths) <= depth
+
+
+def test_option_errors():
+    target = HFTarget(build("llama"))
+    head = random_head()
+    for options, message in (
+        ({}, "exactly one of num_speculative_tokens"),
+        ({"num_speculative_tokens": 3, "tree": SMALL_TREE}, "got num_speculative_tokens, tree"),
+        ({"top_k": 3, "depth": 2}, "missing total_tokens"),
+        ({"top_k": 2, "depth": 2, "total_tokens": 7}, "exceeds the 6 candidates"),
+        ({"num_speculative_tokens": 0}, "must be an integer >= 1"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            EagleProposer.from_options(target, head=head, **options)
+    with pytest.raises(ValueError, match="exactly one of head"):
+        EagleProposer.from_options(target, num_speculative_tokens=2)
