@@ -135,7 +135,7 @@ def test_flags_that_cannot_apply_are_refused_naming_the_flag(fake_run, capsys, a
     ("--seed", "-3", "expected an integer from 0 to 2**32 - 1, got '-3'"),
     ("--dtype", "fp8", "invalid choice: 'fp8' (choose from 'float32', 'bfloat16', 'float16')"),
     ("--device", "gpu", "expected cpu, cuda, cuda:N or mps, got 'gpu'"),
-    ("--proposer", "foo", "unknown proposer 'foo'; expected one of draft, eagle, medusa, ngram, none (plug-ins register under "
+    ("--proposer", "foo", "unknown proposer 'foo'; expected one of draft, eagle, eagle3, medusa, ngram, none (plug-ins register under "
                           "the entry-point group 'specbench.proposers')"),
 ])
 @pytest.mark.parametrize("spec", [[], ["medusa/chain-k3"]])

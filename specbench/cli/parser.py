@@ -104,7 +104,7 @@ def _add_explicit_arguments(run: argparse.ArgumentParser) -> None:
     explicit.add_argument("--target", metavar="REF", help="target model: a local directory, a hub id (org/name) or "
                           f"specbench-ref/... (default {REFERENCE_TARGET})")
     explicit.add_argument("--proposer", type=_parse_proposer, metavar="NAME",
-                          help="none (plain decoding only), medusa, ngram, draft, eagle, or an installed plug-in (default medusa)")
+                          help="none (plain decoding only), medusa, ngram, draft, eagle, eagle3, or a plug-in (default medusa)")
     explicit.add_argument("--proposer-path", metavar="REF", help="the proposer's checkpoint, e.g. Medusa heads: a "
                           f"directory or hub id (default {REFERENCE_MEDUSA} with the reference target)")
     explicit.add_argument("--num-speculative-tokens", type=argument_type("num_speculative_tokens"), metavar="K",

@@ -118,6 +118,22 @@ class EagleDecoderLayer(nn.Module):
         return h + self.mlp(normed, EAGER_OPS)  # (W, H): not normed; the target's lm_head reads it as it is
 
 
+def draft_attention_mask(width: int, start: int, visible: int | None, block_mask: torch.Tensor | None,
+                         device) -> torch.Tensor:
+    """(W, start + W) bool: ``width`` new rows after ``start`` cached slots see slots ``[0, visible)`` (default all)
+    and, through ``block_mask`` ``(W, start + W - visible)``, the slots from ``visible`` on (default, only when
+    ``visible`` is ``start``: causal among the new rows)."""
+    visible = start if visible is None else visible
+    if block_mask is None:
+        if visible != start:
+            raise ValueError(f"a block_mask is needed when rows see only {visible} of the {start} written slots")
+        block_mask = torch.ones(width, width, dtype=torch.bool, device=device).tril_()  # (W, W)
+    if block_mask.shape != (width, start + width - visible):
+        raise ValueError(f"block_mask has shape {tuple(block_mask.shape)}, expected ({width}, {start + width - visible})")
+    prefix = torch.ones(width, visible, dtype=torch.bool, device=device)  # (W, visible)
+    return torch.cat([prefix, block_mask.to(device)], dim=1)  # (W, start + W)
+
+
 class EagleHead(nn.Module):
     """Parameter names are the published keys (``embed_tokens``, ``fc``, ``layers.0.*``); ``embed_tokens`` is None
     when the checkpoint omits it and the target's embedding serves (docs/eagle.md#layout)."""
@@ -196,19 +212,9 @@ class EagleHead(nn.Module):
         layer = self.layers[0]
         if not layer.fused_current():
             self.prepare()
-        width = embeds.shape[0]
-        start = cache.length
-        visible = start if visible is None else visible
-        device = embeds.device
-        if block_mask is None:
-            if visible != start:
-                raise ValueError(f"a block_mask is needed when rows see only {visible} of the {start} written slots")
-            block_mask = torch.ones(width, width, dtype=torch.bool, device=device).tril_()  # (W, W)
-        if block_mask.shape != (width, start + width - visible):
-            raise ValueError(f"block_mask has shape {tuple(block_mask.shape)}, expected ({width}, {start + width - visible})")
+        width, start, device = embeds.shape[0], cache.length, embeds.device
+        mask = draft_attention_mask(width, start, visible, block_mask, device)  # (W, start + W)
         cache.reserve(start + width)
-        prefix = torch.ones(width, visible, dtype=torch.bool, device=device)  # (W, visible)
-        mask = torch.cat([prefix, block_mask.to(device)], dim=1)  # (W, start + W)
         x = self.fc(torch.cat([embeds, features.to(embeds.dtype)], dim=-1))  # (W, H): embedding first, as cnets1
         cos, sin = rotary_tables(self.inv_freq, positions.to(device), x.dtype)  # (W, D) each
         slots = torch.arange(start, start + width, device=device)  # (W,)

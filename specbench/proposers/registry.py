@@ -16,7 +16,8 @@ if TYPE_CHECKING:
 ENTRY_POINT_GROUP = "specbench.proposers"
 # built-in proposers, imported lazily so that loading one never pulls in another's dependencies
 _BUILTIN_MODULES = {"ngram": "specbench.proposers.ngram", "medusa": "specbench.proposers.medusa",
-                    "draft": "specbench.proposers.draft_model", "eagle": "specbench.proposers.eagle"}
+                    "draft": "specbench.proposers.draft_model", "eagle": "specbench.proposers.eagle",
+                    "eagle3": "specbench.proposers.eagle3"}
 _REGISTRY: dict[str, type[Proposer]] = {}
 
 
