@@ -220,18 +220,21 @@ def load_eagle_head(
         raise EagleCheckpointError(str(error)) from None
 
 
+def check_target_fit(config_file: Path, config, hidden_size: int, vocab_size: int, error, head: str, published: str) -> None:
+    """Refuse a head config whose hidden or vocabulary size is not the target's, naming both (``error`` raised)."""
+    for what, theirs, ours in (("hidden_size", config.hidden_size, hidden_size), ("vocab_size", config.vocab_size, vocab_size)):
+        if theirs != ours:
+            raise error(f"{config_file}: {what} = {theirs}, but the target's is {ours}: {head} was trained for another "
+                        f"target model; use {published} published for this target")
+
+
 def _load(directory: Path, target_hidden_size: int, target_vocab_size: int, dtype, device) -> EagleHead:
     config_file = directory / "config.json"
     if not config_file.is_file():
         raise EagleCheckpointError(f"{directory}: no config.json; an EAGLE-1/2 head ships a one-layer Llama config.json; {_REDO}")
     config = read_eagle_config(config_file)
-    for what, theirs, ours in (("hidden_size", config.hidden_size, target_hidden_size),
-                               ("vocab_size", config.vocab_size, target_vocab_size)):
-        if theirs != ours:
-            raise EagleCheckpointError(
-                f"{config_file}: {what} = {theirs}, but the target's is {ours}: this draft head was trained for another "
-                "target model; use the EAGLE head published for this target"
-            )
+    check_target_fit(config_file, config, target_hidden_size, target_vocab_size, EagleCheckpointError,
+                     "this draft head", "the EAGLE head")
     weights_file = _find_weights_file(directory)
     keys, read = open_tensor_file(weights_file)
     _check_keys(weights_file, config_file, keys, config)

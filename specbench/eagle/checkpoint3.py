@@ -14,7 +14,8 @@ from safetensors.torch import save_file
 from specbench.checkpoints.resolve import resolve_model_dir
 from specbench.checkpoints.tensor_files import CheckpointError, open_tensor_file
 from specbench.checkpoints.validate import check_finite, read_json_object
-from specbench.eagle.checkpoint import EagleCheckpointError, _field, _find_weights_file, _staged_directory, read_eagle_config
+from specbench.eagle.checkpoint import (EagleCheckpointError, _field, _find_weights_file, _staged_directory, check_target_fit,
+                                        read_eagle_config)
 from specbench.eagle.eagle3 import NUM_AUX_LAYERS, Eagle3Config, Eagle3Head
 
 VOCAB_MAP_KEYS = ("d2t", "t2d")
@@ -171,13 +172,8 @@ def _load(directory: Path, target_hidden_size: int, target_vocab_size: int, dtyp
     if not config_file.is_file():
         raise Eagle3CheckpointError(f"{directory}: no config.json; an EAGLE-3 head ships a one-layer Llama config.json")
     config = read_eagle3_config(config_file)
-    for what, theirs, ours in (("hidden_size", config.hidden_size, target_hidden_size),
-                               ("vocab_size", config.vocab_size, target_vocab_size)):
-        if theirs != ours:
-            raise Eagle3CheckpointError(
-                f"{config_file}: {what} = {theirs}, but the target's is {ours}: this EAGLE-3 head was trained for "
-                "another target model; use the head published for this target"
-            )
+    check_target_fit(config_file, config, target_hidden_size, target_vocab_size, Eagle3CheckpointError,
+                     "this EAGLE-3 head", "the head")
     weights_file = _find_weights_file(directory)
     keys, read = open_tensor_file(weights_file)
     _check_keys(weights_file, keys, config)
