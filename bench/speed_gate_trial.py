@@ -307,8 +307,9 @@ def run_job(trial, case, state, job) -> None:
 
 def expected_seconds(state, job) -> float:
     """A guess at the job's duration: the baseline's, stretched by the injected fraction (graphs off: twice)."""
-    kind, value = job
-    return state["baseline"]["seconds"] * (2 if kind == "graphs_off" else 1 + (value or 0.0))
+    kind, value = job  # value: the run's index for "unchanged", the injected fraction for a place
+    stretch = 1.0 if kind == "unchanged" else 2.0 if kind == "graphs_off" else 1.0 + value
+    return state["baseline"]["seconds"] * stretch
 
 
 def baseline(trial, case, state) -> None:

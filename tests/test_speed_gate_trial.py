@@ -77,3 +77,11 @@ def test_trial_on_cpu(script, tmp_path):
     (entry,) = doc["cases"].values()
     verify = next(r for r in doc["injected"] if r["where"] == "verify")
     assert verify["t1_s"] >= 0.5 * entry["baseline"]["t1_s"]
+
+
+def test_expected_seconds_stretches_only_injected_runs(script):
+    # an unchanged run's value is its index: the 20th run is expected to take as long as the first
+    state = {"baseline": {"seconds": 10.0}}
+    assert script.expected_seconds(state, ("unchanged", 19)) == 10.0
+    assert script.expected_seconds(state, ("verify", 0.2)) == pytest.approx(12.0)
+    assert script.expected_seconds(state, ("graphs_off", None)) == 20.0
