@@ -45,6 +45,7 @@ from specbench.atomic_write import write_text_atomic  # noqa: E402
 from specbench.cases import expand_ref, find_case, missing_checkpoint, unmet_requirements, with_overrides  # noqa: E402
 from specbench.gating.gates import SPEED_METRICS, compare_entry, resolve_tolerances  # noqa: E402
 from specbench.gating.regenerate import baseline_entry  # noqa: E402
+from specbench.gating.stability import metric_spread, pairwise_false_failures  # noqa: E402
 from specbench.harness import (  # noqa: E402
     build_proposer, case_fault, fault_line, free_device_memory, load_target, parse_dtype, run_case,
 )
@@ -263,7 +264,7 @@ def record(trial, state, kind, value, result, report) -> str:
     """Add one gated run to the document; the verdict for its progress line."""
     metrics, base, failed = result["metrics"], state["baseline"], failed_checks(report)
     names = ", ".join(c["name"] for c in failed)
-    row = {"failed_checks": failed, "tokens_per_s": metrics["tokens_per_s"], "speedup": metrics["speedup"],
+    row = {"failed_checks": failed, **{name: metrics.get(name) for name in SPEED_METRICS},
            "t1_s": statistics.median(r["t1_s"] for r in result["repeats"]), "seconds": state["last_seconds"]}
     if kind != "unchanged":
         trial.doc["injected"].append({"case": state["case_id"], "where": kind, "slowdown": value,
@@ -272,6 +273,7 @@ def record(trial, state, kind, value, result, report) -> str:
         return f"CAUGHT {names}" if failed else "MISSED"
     entry = trial.doc["cases"][state["case_id"]]
     entry["unchanged"].append({"run": value, "passed": report.passed, **row})
+    state["unchanged_results"].append(result)
     for name in SPEED_METRICS:
         dev, old = deviation(metrics.get(name), base.get(name)), entry["max_abs_deviation"].get(name)
         if math.isfinite(dev) and (old is None or dev > old):
@@ -319,6 +321,7 @@ def baseline(trial, case, state) -> None:
         trial.say(f"{case.case_id} warm-up run: {timed_run(case, target, tokenizer, proposer)[1]:.1f}s")
     first, seconds = timed_run(case, target, tokenizer, proposer)
     state["entry"], state["last_seconds"] = baseline_entry(first, command=trial.command), seconds
+    state["unchanged_results"] = [first]  # the baseline run is an unchanged run too
     t1 = statistics.median(r["t1_s"] for r in first["repeats"])
     state["baseline"] = {**{name: first["metrics"].get(name) for name in KEY_METRICS}, "t1_s": t1,
                          "seconds": seconds, "load_seconds": state["load_seconds"]}
@@ -349,6 +352,18 @@ def trial_case(trial, case, deadline: float) -> None:
         except Exception as err:  # noqa: BLE001 - one failed run (a graphs-off OOM) must not cost the rest
             trial.error(f"{case.case_id} {job[0]} {job[1]}", err)
         trial.save()
+    stability(trial, case.case_id, state["unchanged_results"])
+
+
+def stability(trial, case_id: str, results: list[dict]) -> None:
+    """Spread of each speed metric over the baseline and unchanged runs, and every run gated against every other."""
+    entry = trial.doc["cases"][case_id]
+    entry["spread"] = metric_spread(results, SPEED_METRICS)
+    entry["pairwise"] = pairwise_false_failures(results)
+    pairs = entry["pairwise"]
+    trial.say(f"{case_id}: {pairs['failing_pairs']}/{pairs['pairs']} ordered pairs of unchanged runs fail "
+              f"{pairs['by_check'] or ''}")
+    trial.save()
 
 
 def table(doc: dict) -> str:

@@ -71,6 +71,8 @@ def speed_over_repeats(repeats: list[dict]) -> dict:
     for name in REPEAT_METRICS:
         values = _finite(r.get(name) for r in repeats)
         out[name] = statistics.median(values) if values else math.nan
+    step = _finite(r.get("t1_s") for r in repeats)
+    out["step_latency_s"] = statistics.median(step) if step else math.nan  # T(1): docs/metrics.md#step-costs
     predicted, measured = out["predicted_speedup"], out["decode_speedup"]
     out["speedup_prediction_error"] = measured / predicted - 1 if predicted > 0 and math.isfinite(measured) else math.nan
     return out

@@ -16,7 +16,7 @@ from specbench.gating.gates import DEFAULT_TOLERANCES, LOWER_IS_BETTER, compare_
 QUALITY_CHECKS = ("acceptance_rate", "mean_acceptance_length", "per_position_acceptance_rate[0]",
                   "per_position_acceptance_rate[1]", "per_position_acceptance_rate[2]")
 SPEED_CHECKS = ("tokens_per_s", "speedup", "time_to_first_token_s", "per_token_latency_s", "decode_speedup",
-                "verify_cost_ratio", "draft_cost_ratio")
+                "verify_cost_ratio", "draft_cost_ratio", "step_latency_s")
 
 
 @pytest.fixture()

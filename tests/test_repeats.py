@@ -101,9 +101,11 @@ def test_repeat_record_and_median_over_repeats_have_known_values():
     assert record["decode_speedup"] == pytest.approx(0.09 / 0.05)  # sum of plain / sum of speculative s/token
     assert record["verify_cost_ratio"] == pytest.approx(1.2) and record["draft_cost_ratio"] == pytest.approx(0.1)
     assert record["predicted_speedup"] == pytest.approx(2.5 / 1.3)  # MAL 1 + 30/20 over (1.2 + 0.1)
-    records = [dict(record, repeat=i, tokens_per_s=rate) for i, rate in enumerate([40, 10, 44])]
+    records = [dict(record, repeat=i, tokens_per_s=rate, t1_s=t1) for i, (rate, t1) in enumerate([(40, 0.010), (10, 0.030),
+                                                                                              (44, 0.011)])]
     out = speed_over_repeats(records)
     assert out["num_repeats"] == 3 and out["tokens_per_s"] == 40  # the median, not the mean (31.3)
+    assert out["step_latency_s"] == 0.011  # T(1): the median over repeats too
     assert out["speedup_prediction_error"] == pytest.approx((0.09 / 0.05) / (2.5 / 1.3) - 1)
 
 

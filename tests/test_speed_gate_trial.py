@@ -65,6 +65,9 @@ def check_document(doc: dict) -> None:
         assert run["case"] == case_id and isinstance(run["caught"], bool) and isinstance(run["failed_checks"], list)
         assert run["caught"] == bool(run["failed_checks"]) and isinstance(run["measured_slowdown"], float)
     assert set(doc["smallest_caught"]) == {"verify", "proposer"}
+    runs = len(entry["unchanged"]) + 1  # the baseline run is gated against the others too
+    assert entry["pairwise"]["pairs"] == runs * (runs - 1)
+    assert entry["spread"]["tokens_per_s"]["values"][1:] == [r["tokens_per_s"] for r in entry["unchanged"]]
 
 
 def test_trial_on_cpu(script, tmp_path):

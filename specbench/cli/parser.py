@@ -188,7 +188,8 @@ def _add_baselines_command(sub) -> None:
     migrate = baselines_sub.add_parser(
         "migrate", help="rewrite baseline files of an older format at the current one",
         description="Upgrade every <suite>.json of an older schema in place (atomically): what an old file "
-        "did not record becomes null and its gates skip until the case is regenerated; nothing it held changes. "
+        "did not record becomes null and its gates skip until the case is regenerated, or is computed from what "
+        "it did record (T(1) from its repeat records); nothing it held changes. "
         "Older files are also read as the current schema without this, so it only saves the rewrite.")
     migrate.add_argument("--baselines", metavar="DIR", help=BASELINES_HELP)
     migrate.set_defaults(func=cmd_baselines_migrate)

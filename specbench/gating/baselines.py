@@ -3,7 +3,7 @@
 
 ``baselines/<suite>.json`` (pretty-printed, sorted keys, floats to 6 significant digits, NaN as null)::
 
-    {"schema": 2, "suite": "medusa", "cases": {"medusa-chain-k3": {
+    {"schema": 3, "suite": "medusa", "cases": {"medusa-chain-k3": {
         "case": {...},              # the case dict it was recorded for; a different one is an error
         "tolerances": {...},        # optional per-case overrides of gates.DEFAULT_TOLERANCES, hand-edited
         "quality": {                # hardware-independent, stored once

@@ -53,10 +53,11 @@ def _estimator(name: str, position: int | None):
         # step costs: rows are a run's repeat records, not its requests (REPEAT_LEVEL_METRICS)
         "verify_cost_ratio": (lambda r: r.get("verify_s"), lambda r: r.get("t1_s"), 0.0, math.nan),
         "draft_cost_ratio": (lambda r: r.get("draft_s"), lambda r: r.get("t1_s"), 0.0, math.nan),
+        "step_latency_s": (lambda r: r.get("t1_s"), one, 0.0, math.nan),
     }[name]
 
 
-REPEAT_LEVEL_METRICS = ("verify_cost_ratio", "draft_cost_ratio")  # measured once per repeat
+REPEAT_LEVEL_METRICS = ("verify_cost_ratio", "draft_cost_ratio", "step_latency_s")  # measured once per repeat
 
 
 def _rows(requests: list[dict] | None, estimator) -> tuple[list, np.ndarray, np.ndarray] | None:

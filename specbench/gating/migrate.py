@@ -6,13 +6,19 @@ records, and to each speed request its ``repeat`` and ``plain_per_token_latency_
 recorded none of them: the metrics become null (the gates say "the baseline holds no value" and skip
 them until the case is regenerated), every request was repeat 0, and the repeat list is empty. Nothing
 a schema-1 file held changes, so every verdict on the old metrics stays the same.
+
+Schema 3 adds ``step_latency_s``, T(1) (the median over repeats of one synchronised plain verify), to every
+speed section. Schema-2 files recorded T(1) in each repeat record (``t1_s``), so it is computed from them, as a
+run computes it (specbench.speed.speed_over_repeats); a section without repeats gets null.
 """
 
 from __future__ import annotations
 
 import copy
+import math
+import statistics
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 ADDED_SPEED_METRICS = {2: ("decode_speedup", "verify_cost_ratio", "draft_cost_ratio")}
 ADDED_SPEED_REQUEST_FIELDS = {2: {"repeat": 0, "plain_per_token_latency_s": None}}
 
@@ -29,7 +35,15 @@ def _to_2(data: dict) -> None:
             speed.setdefault("repeats", [])
 
 
-STEPS = {1: _to_2}  # schema n -> the function that makes it n + 1, in place
+def _to_3(data: dict) -> None:
+    for entry in (data.get("cases") or {}).values():
+        for speed in (entry.get("speed") or {}).values():
+            steps = [r["t1_s"] for r in speed.get("repeats") or []
+                     if isinstance(r.get("t1_s"), (int, float)) and math.isfinite(r["t1_s"])]
+            speed.setdefault("metrics", {}).setdefault("step_latency_s", statistics.median(steps) if steps else None)
+
+
+STEPS = {1: _to_2, 2: _to_3}  # schema n -> the function that makes it n + 1, in place
 
 
 def migrate(data: dict) -> tuple[dict, list[int]]:
