@@ -110,7 +110,6 @@ class Decoder:
             features = source.new_zeros(tokens.numel(), source.shape[-1])  # (capacity, F)
             features[: prompt.numel()] = source
         finish_reason = "eos" if first.next_token in eos else "running"
-        greedy = verifies_greedily(sampling)
         if self.proposer is not None:
             self.proposer.begin_request(prompt.to(device))
         while finish_reason == "running" and len(emitted) < self.config.max_new_tokens:
@@ -121,17 +120,9 @@ class Decoder:
                     hidden_states=None if features is None else features[: length - 1]))
             draft = draft if draft is not None and len(draft) else _EMPTY_DRAFT
             verify_ids = torch.cat([tokens[length - 1 : length], draft.tokens.to(device)])  # (N + 1,) root first
-            is_chain = draft.is_chain
-            tree_mask = None if is_chain else draft.tree_mask()  # (N + 1, N + 1)
+            tree_mask = None if draft.is_chain else draft.tree_mask()  # (N + 1, N + 1)
             out = self.target.verify(verify_ids, draft.depths(), tree_mask)
-            if greedy:  # on the device, one device-to-host transfer
-                accepted_nodes, _, new = greedy_on_device(draft, verify_ids, out.logits)
-            elif is_chain and sampling.rule == "rejection":  # likewise; trees are verified on the host
-                accepted_nodes, _, new = rejection_chain_on_device(draft, verify_ids, out.logits, sampling, generator)
-            else:
-                verdict = verify(draft, out.logits, sampling, generator)
-                accepted_nodes = verdict.accepted_nodes
-                new = verify_ids[accepted_nodes[1:]].tolist() + [verdict.next_token]
+            accepted_nodes, new = verify_step(draft, verify_ids, out.logits, sampling, generator)
             self.target.commit(accepted_nodes, num_verified=verify_ids.numel())
             counters.record_step(draft.depth(), len(accepted_nodes) - 1)
             hidden = out.hidden_states[accepted_nodes[-1]]  # (H,) predicted the last emitted token
@@ -166,3 +157,18 @@ class Decoder:
 
 
 _EMPTY_DRAFT = Draft.chain(torch.empty(0, dtype=torch.long))
+
+
+def verify_step(draft: Draft, verify_ids: torch.Tensor, logits: torch.Tensor, sampling,
+                generator: torch.Generator | None) -> tuple[list[int], list[int]]:
+    """(accepted nodes, emitted tokens) of one verify's ``(N + 1, V)`` logits: greedy and chain rejection
+    sampling on the device (one device-to-host transfer), trees under sampling through ``verify`` on the host."""
+    if verifies_greedily(sampling):
+        accepted, _, new = greedy_on_device(draft, verify_ids, logits)
+    elif draft.is_chain and sampling.rule == "rejection":
+        accepted, _, new = rejection_chain_on_device(draft, verify_ids, logits, sampling, generator)
+    else:
+        verdict = verify(draft, logits, sampling, generator)
+        accepted = verdict.accepted_nodes
+        new = verify_ids[accepted[1:]].tolist() + [verdict.next_token]
+    return accepted, new

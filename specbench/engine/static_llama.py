@@ -157,7 +157,10 @@ class Attention(nn.Module):
 
     def forward(self, x, cos, sin, kv: torch.Tensor, slots: torch.Tensor, bias: torch.Tensor, ops: StepOps) -> torch.Tensor:
         """``x`` (W, H) normed input; ``kv`` (2, KVH, S, D) this layer's cache; ``slots`` (W,) where the new keys go;
-        ``bias`` (W, K) the additive attention bias over the first K cache slots (0 = attend, -inf = not)."""
+        ``bias`` (W, K) the additive attention bias over the first K cache slots (0 = attend, -inf = not).
+        A batched cache ``kv`` (2, B, KVH, S, D) takes the batched branch (:meth:`forward_batched`)."""
+        if kv.dim() == 5:
+            return self.forward_batched(x, cos, sin, kv, slots, bias, ops)
         width, nh, kvh = x.shape[0], self.num_heads, self.num_kv_heads
         qkv = ops.linear(x, self.qkv.weight, self.qkv.bias)  # (W, (NH + 2 KVH) * D)
         q, kv_new = ops.rope_qkv(qkv, cos, sin, nh, kvh)  # (1, NH, W, D), (2, KVH, W, D)
@@ -170,6 +173,23 @@ class Attention(nn.Module):
         out = F.scaled_dot_product_attention(q, keys, values, attn_mask=bias, enable_gqa=kvh != nh)  # (1, NH, W, D)
         o = self.o_proj
         return ops.linear(out[0].transpose(0, 1).reshape(width, nh * self.head_dim), o.weight, o.bias)  # (W, H)
+
+    def forward_batched(self, x, cos, sin, kv: torch.Tensor, slots: torch.Tensor, bias: torch.Tensor, ops: StepOps) -> torch.Tensor:
+        """B sequences of W nodes each, flattened: ``x`` (B * W, H); ``kv`` (2, B, KVH, S, D) this layer's batched
+        cache; ``slots`` (B, W) where each sequence's new keys go in its own cache row; ``bias`` (B, W, K) each
+        sequence's additive attention bias over its first K slots (docs/batching.md)."""
+        batch, width = slots.shape
+        nh, kvh, d = self.num_heads, self.num_kv_heads, self.head_dim
+        qkv = ops.linear(x, self.qkv.weight, self.qkv.bias)  # (B * W, (NH + 2 KVH) * D)
+        q, kv_new = ops.rope_qkv(qkv, cos, sin, nh, kvh)  # (1, NH, B * W, D), (2, KVH, B * W, D)
+        q = q[0].view(nh, batch, width, d).transpose(0, 1)  # (B, NH, W, D)
+        rows = torch.arange(batch, device=slots.device)[:, None].expand(batch, width)  # (B, W)
+        kv[:, rows, :, slots] = kv_new.view(2, kvh, batch, width, d).permute(2, 3, 0, 1, 4)  # (B, W, 2, KVH, D)
+        keys_len = bias.shape[-1]
+        keys, values = kv[0, :, :, :keys_len], kv[1, :, :, :keys_len]  # (B, KVH, K, D) each
+        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=bias[:, None], enable_gqa=kvh != nh)  # (B, NH, W, D)
+        o = self.o_proj
+        return ops.linear(out.transpose(1, 2).reshape(batch * width, nh * d), o.weight, o.bias)  # (B * W, H)
 
 
 class FusedLinear(nn.Module):
@@ -255,7 +275,9 @@ class StaticLlamaForCausalLM(nn.Module):
         """Final-normed hidden states ``(W, H)`` of ``ids`` ``(W,)`` at ``positions`` ``(W,)``; their K/V
         go to cache ``slots`` ``(W,)``; ``mask`` ``(W, K)`` bool says which of the first K slots each attends to.
         ``ops`` runs the pointwise stages (:mod:`specbench.engine.static_ops`), fused or not. Also returns the
-        residual streams entering ``aux_layers``, concatenated ``(W, len(aux_layers) * H)`` (None without)."""
+        residual streams entering ``aux_layers``, concatenated ``(W, len(aux_layers) * H)`` (None without).
+        Batched (docs/batching.md): ``cache`` ``(layers, 2, B, kv_heads, S, head_dim)``, ``slots`` ``(B, W)``, ``mask``
+        ``(B, W, K)``, and ``ids``, ``positions`` and the outputs flattened to ``B * W`` rows."""
         x = self.model.embed_tokens(ids)  # (W, H)
         cos, sin = ops.rotary_tables(self.inv_freq, positions, x.dtype)  # (W, D) each
         bias = ops.attention_bias(mask, x.dtype)  # (W, K)

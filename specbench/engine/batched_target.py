@@ -1,0 +1,240 @@
+"""A static Llama-family target of B slots: per-slot prefill, one fixed-width verify forward, per-slot ragged commit.
+
+Each slot holds one request in its own row of a :class:`~specbench.engine.batched_cache.BatchedKVCache`.
+A verify step scores ``(B, W)`` nodes at the step kind's fixed width W (plain 1, chain K + 1, tree
+nodes + 1): slot b's nodes go right after its own committed entries and attend to them plus its own
+draft (causal for a chain, its tree mask for a tree); padding and idle slots are written beyond the
+committed lengths and never attended to by a real node. ``commit`` keeps a ragged number of accepted
+nodes per slot. Shapes are fixed per step kind, so the steps can be captured as CUDA graphs later
+(docs/batching.md); this module runs them eagerly.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+import torch
+
+from specbench.engine.batched_cache import BatchedKVCache, check_cache_fits
+from specbench.engine.static_llama import StaticLlamaForCausalLM
+from specbench.engine.static_ops import EAGER_OPS, compiled_ops
+from specbench.engine.target import TargetOutput
+
+
+@dataclass
+class SlotInput:
+    """One slot's verify input: ``[root, *draft]`` ``(N,)``, depths ``(N,)``, tree mask ``(N, N)`` or None (a chain)."""
+
+    ids: torch.Tensor
+    depths: torch.Tensor
+    tree_mask: torch.Tensor | None = None
+
+
+@dataclass
+class _BatchBuffers:
+    """The static inputs of one step kind at width W for B slots."""
+
+    ids: torch.Tensor  # (B, W) int64, padded with token 0
+    depths: torch.Tensor  # (B, W) int64 position offsets from each slot's cache end, padded with 0
+    tree: torch.Tensor  # (B, W, W) bool; padded rows see only themselves
+    gather: torch.Tensor  # (B, W) int64 accepted nodes padded with the identity
+
+    @classmethod
+    def allocate(cls, batch: int, width: int, device) -> "_BatchBuffers":
+        causal = torch.ones(width, width, dtype=torch.bool, device=device).tril_()  # (W, W) a chain's mask
+        identity = torch.arange(width, device=device)  # (W,)
+        return cls(
+            ids=torch.zeros(batch, width, dtype=torch.long, device=device),
+            depths=torch.zeros(batch, width, dtype=torch.long, device=device),
+            tree=causal.expand(batch, width, width).clone(),
+            gather=identity.expand(batch, width).clone(),
+        )
+
+
+def step_kind(inputs: list[SlotInput | None]) -> str:
+    """The kind of a batch step: tree if any slot verifies a tree, chain if any drafted, else plain."""
+    live = [x for x in inputs if x is not None]
+    if any(x.tree_mask is not None for x in live):
+        return "tree"
+    return "chain" if any(x.ids.numel() > 1 for x in live) else "plain"
+
+
+class BatchedStaticTarget:
+    """B slots over one :class:`StaticLlamaForCausalLM`; the per-slot protocol mirrors ``StaticTarget``'s."""
+
+    def __init__(self, module: StaticLlamaForCausalLM, config, batch_size: int, *, max_context: int,
+                 compile: bool = False):
+        if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
+            raise ValueError(f"batch_size must be an integer >= 1 (slots decoded together), got {batch_size!r}")
+        self.module, self.config, self.batch_size = module, config, batch_size
+        self.lm_head = module.lm_head
+        self.vocab_size = module.shape.vocab_size
+        self.max_context = int(max_context)
+        param = next(module.parameters())
+        self.device, self.dtype = param.device, param.dtype
+        self.verify_widths: dict[str, Counter] = {}  # kind -> Counter(width -> batched verify calls)
+        self._widths: dict[str, int] = {"plain": 1}
+        self._buffers: dict[str, _BatchBuffers] = {}
+        self._cache: BatchedKVCache | None = None
+        self._pending: tuple[str, list[int]] | None = None  # (kind, nodes per slot, 0 for idle slots)
+        self._ops = compiled_ops() if compile else EAGER_OPS
+        self.aux_layers: tuple[int, ...] = ()
+
+    @classmethod
+    def from_static_target(cls, target, batch_size: int) -> "BatchedStaticTarget":
+        """Over a ``StaticTarget``'s module (weights shared, nothing copied), with its max context and stages."""
+        return cls(target.module, target.config, batch_size, max_context=target.max_context, compile=target.compiled)
+
+    def set_aux_layers(self, layers: tuple[int, ...]) -> None:
+        """Also return the residual streams entering ``layers`` (EAGLE-3's features), as ``StaticTarget`` does."""
+        layers = tuple(int(i) for i in layers)
+        bad = [i for i in layers if not 0 <= i < self.module.shape.num_layers]
+        if bad:
+            raise ValueError(f"aux layers {bad} out of range: the target has {self.module.shape.num_layers} layers")
+        self.aux_layers = layers
+
+    # -- cache ---------------------------------------------------------------------------------------
+
+    @property
+    def cache_capacity(self) -> int:
+        return 0 if self._cache is None else self._cache.capacity
+
+    def cache_length(self, slot: int) -> int:
+        return 0 if self._cache is None else self._cache.host_lengths[slot]
+
+    def reserve(self, num_tokens: int, max_draft_tokens: int = 0) -> None:
+        """Size every slot for ``num_tokens`` cache entries and steps of up to ``max_draft_tokens`` draft nodes.
+        Checks the memory first (an error naming bytes needed and free); a larger size drops every slot's cache."""
+        if num_tokens > self.max_context:
+            raise ValueError(
+                f"context length exceeded: {num_tokens} tokens requested > the target's max context {self.max_context}"
+            )
+        if self._cache is None or self._cache.capacity < num_tokens:
+            s = self.module.shape
+            check_cache_fits(self.batch_size, s.num_layers, s.num_kv_heads, num_tokens, s.head_dim, self.dtype, self.device)
+            self._cache = None  # free the old cache before allocating its successor
+            self._cache = BatchedKVCache(self.batch_size, s.num_layers, s.num_kv_heads, num_tokens, s.head_dim,
+                                         dtype=self.dtype, device=self.device)
+            self._pending = None
+        if max_draft_tokens > 0:
+            self._widths["chain"] = self._widths["tree"] = max_draft_tokens + 1
+
+    def release(self, slot: int) -> None:
+        """Free a finished slot: its length returns to 0, so its idle padding stays inside the cache."""
+        self._cache.reset_slot(slot)
+
+    # -- forwards ------------------------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def prefill(self, slot: int, input_ids: torch.Tensor) -> TargetOutput:
+        """Run a prompt ``(T,)`` into slot ``slot`` alone (the others are untouched): StaticTarget's prefill on its row."""
+        if self._cache is None:
+            raise ValueError("prefill before reserve(): size the batched cache first")
+        if self._pending is not None:
+            raise ValueError("prefill between a verify and its commit; call commit() first")
+        ids = input_ids.to(self.device).flatten()  # (T,)
+        length = ids.numel()
+        if not 0 < length <= self._cache.capacity:
+            raise ValueError(f"a prompt of {length} tokens does not fit a slot of {self._cache.capacity} cache entries "
+                             "(at least one token is needed); reserve() more room or shorten the prompt")
+        self._cache.reset_slot(slot)
+        positions = torch.arange(length, device=self.device)  # (T,)
+        causal = torch.ones(length, length, dtype=torch.bool, device=self.device).tril_()  # (T, T)
+        hidden, aux = self.module(ids, positions, positions, causal, self._cache.slot_view(slot),
+                                  aux_layers=self.aux_layers)  # (T, H), (T, A * H) or None
+        self._cache.advance_slot(slot, length)
+        return TargetOutput(logits=self.module.logits(hidden[-1:]), hidden_states=hidden, aux_hidden_states=aux)
+
+    @torch.inference_mode()
+    def verify(self, inputs: list[SlotInput | None]) -> TargetOutput:
+        """Score every slot's verify input in one forward; ``inputs[b]`` None marks an idle slot. Returns logits
+        ``(B, W, V)``, hidden states ``(B, W, H)`` (and aux ``(B, W, A * H)``); row b's first N_b nodes are real."""
+        if self._cache is None:
+            raise ValueError("verify before reserve() and prefill(); size the cache and prefill a slot first")
+        if self._pending is not None:
+            raise ValueError("the previous verify was never committed; call commit() after each verify")
+        if len(inputs) != self.batch_size:
+            raise ValueError(f"verify takes one entry per slot ({self.batch_size}), got {len(inputs)}")
+        kind = step_kind(inputs)
+        counts = [0 if x is None else x.ids.numel() for x in inputs]
+        width = self._width_for(kind, max(counts))
+        self._check_room(kind, counts, width)
+        buffers = self._fill(kind, inputs)
+        cache = self._cache
+        positions = cache.lengths[:, None] + buffers.depths  # (B, W)
+        mask = cache.attention_mask(buffers.tree)  # (B, W, S)
+        hidden, aux = self.module(buffers.ids.flatten(), positions.flatten(), cache.new_slots(width), mask, cache.kv,
+                                  self._ops, aux_layers=self.aux_layers)  # (B * W, H), (B * W, A * H) or None
+        logits = self.module.logits(hidden, self._ops)  # (B * W, V)
+        self._pending = (kind, counts)
+        self.verify_widths.setdefault(kind, Counter())[width] += 1
+        batch = self.batch_size
+        return TargetOutput(
+            logits=logits.view(batch, width, -1), hidden_states=hidden.view(batch, width, -1),
+            aux_hidden_states=None if aux is None else aux.view(batch, width, -1),
+        )
+
+    def _width_for(self, kind: str, n: int) -> int:
+        """The kind's fixed width: reserved, or set by its first step; a wider step widens it (a second shape)."""
+        width = self._widths.get(kind, 0)
+        if n > width:
+            width = self._widths[kind] = n
+        if kind not in self._buffers or self._buffers[kind].ids.shape[1] != width:
+            self._buffers[kind] = _BatchBuffers.allocate(self.batch_size, width, self.device)
+        return width
+
+    def _check_room(self, kind: str, counts: list[int], width: int) -> None:
+        capacity = self._cache.capacity
+        for slot, (n, cached) in enumerate(zip(counts, self._cache.host_lengths)):
+            if cached + width > capacity:
+                raise ValueError(
+                    f"context length exceeded in slot {slot}: {cached} cached tokens + a {kind} step of {n} nodes "
+                    f"(padded to its fixed width {width}) = {cached + width} > the slot's {capacity} cache entries; "
+                    "lower max_new_tokens or reserve() more room"
+                )
+
+    def _fill(self, kind: str, inputs: list[SlotInput | None]) -> _BatchBuffers:
+        """Write each slot's input into the kind's buffers, padding the rest (idle slots: all padding)."""
+        buffers = self._buffers[kind]
+        buffers.ids.zero_()
+        buffers.depths.zero_()
+        if kind == "tree":
+            buffers.tree.zero_().diagonal(dim1=1, dim2=2).fill_(True)  # (B, W, W) padded rows: themselves only
+        for slot, x in enumerate(inputs):
+            if x is None:
+                continue
+            n = x.ids.numel()
+            buffers.ids[slot, :n] = x.ids.flatten()
+            buffers.depths[slot, :n] = x.depths.flatten()
+            if kind == "tree":
+                mask = x.tree_mask if x.tree_mask is not None else torch.ones(n, n, dtype=torch.bool).tril_()
+                buffers.tree[slot, :n, :n] = mask
+        return buffers  # plain and chain steps keep the causal mask they were allocated with
+
+    @torch.inference_mode()
+    def commit(self, accepted: list[list[int] | None]) -> None:
+        """Keep each slot's ``accepted[b]`` nodes (ascending, root first; None for an idle slot) contiguously after
+        its committed entries: a chain path advances the slot's length, any other path is gathered first."""
+        if self._pending is None:
+            raise ValueError("commit without a verify to commit")
+        kind, counts = self._pending
+        if len(accepted) != self.batch_size:
+            raise ValueError(f"commit takes one entry per slot ({self.batch_size}), got {len(accepted)}")
+        kept = []
+        for slot, (path, n) in enumerate(zip(accepted, counts)):
+            if (path is None) != (n == 0):
+                raise ValueError(f"slot {slot}: commit {path} after a verify of {n} nodes (None is for idle slots)")
+            if path is not None and (path != sorted(set(path)) or not path or path[0] != 0 or path[-1] >= n):
+                raise ValueError(f"slot {slot}: accepted nodes must be ascending distinct indices below {n}, root first; "
+                                 f"got {path}")
+            kept.append(0 if path is None else len(path))
+        moved = [slot for slot, path in enumerate(accepted) if path is not None and path != list(range(len(path)))]
+        if moved:
+            buffers = self._buffers[kind]
+            width = buffers.gather.shape[1]
+            rows = [list(range(width)) if p is None else p + list(range(len(p), width)) for p in accepted]
+            buffers.gather.copy_(torch.tensor(rows, dtype=torch.long))  # (B, W) the identity beyond each path
+            self._cache.gather_new(buffers.gather)
+        self._cache.advance(kept)
+        self._pending = None
