@@ -32,6 +32,7 @@ DEFAULT_N_SHOT = 1  # what harness.load_prompt_ids uses when a gsm8k case leaves
 # a 32-bit seed, as numpy takes: prompt i runs with seed + i, which stays far from torch's signed 64-bit limit
 MAX_SEED = 2**32 - 1
 MAX_REPEATS = 100  # repeats of a case's whole prompt set in one run (the speed gates take their median)
+BATCHED_ENGINE = "static"  # the engine the batched decode loop runs on (docs/batching.md)
 
 
 def _is_int(value) -> bool:
@@ -56,6 +57,9 @@ VALUE_RULES = {
     "ignore_eos": (lambda v: isinstance(v, bool), "true or false"),
     "engine": (lambda v: v in ENGINE_NAMES, f"one of {', '.join(ENGINE_NAMES)}"),
     "repeats": (lambda v: _is_int(v) and 1 <= v <= MAX_REPEATS, f"an integer from 1 to {MAX_REPEATS}"),
+    "batch_size": (lambda v: _is_int(v) and v >= 1, "an integer >= 1 (requests decoded together)"),
+    "batch_sizes": (lambda v: isinstance(v, list) and bool(v) and all(_is_int(b) and b >= 1 for b in v)
+                    and len(set(v)) == len(v), "a non-empty list of distinct integers >= 1, e.g. [1, 2, 4, 8]"),
     "gate_speed": (lambda v: v is None or isinstance(v, bool) or v == "ratios",
                    'true, false or "ratios" (same-run ratios only: for launch-bound cases)'),
 }
@@ -96,6 +100,10 @@ class Case:
     quality_baseline: str | None = None
     # GPU memory the case needs (GiB); the pytest plugin skips below it
     min_gpu_gib: float | None = None
+    # requests decoded together by the batched engine (engine = "static"); unset: the single-sequence loop
+    batch_size: int | None = None
+    # a sweep over batch sizes: load_suite expands the case into one case per size, NAME[batch_size=B]
+    batch_sizes: list[int] | None = None
 
     @property
     def case_id(self) -> str:
@@ -117,10 +125,43 @@ class Case:
             raise ValueError(f"{origin}: 'sampling' must be a table (e.g. {{ temperature = 0.7 }}), "
                              f"got {data['sampling']!r}")
         _check_values(data, origin)
+        _check_batching(data, origin)
         return cls(**data)
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        """The case's fields; keys added later than the stored baselines are left out while unset, so a case
+        that does not use them keeps the definition (and result) it always had."""
+        data = asdict(self)
+        return {key: value for key, value in data.items() if key not in UNSET_OMITTED or value is not None}
+
+
+# fields written by Case.to_dict only when set (None: the behaviour from before they existed)
+UNSET_OMITTED = ("batch_size", "batch_sizes")
+
+
+def _check_batching(data: dict, origin: str) -> None:
+    """batch_size and batch_sizes exclude each other and need the batched engine's ``engine``."""
+    if data.get("batch_size") is not None and data.get("batch_sizes") is not None:
+        raise ValueError(f"{origin}: set batch_size (one size) or batch_sizes (a sweep), not both; found "
+                         f"batch_size = {data['batch_size']!r} and batch_sizes = {data['batch_sizes']!r}")
+    key = "batch_size" if data.get("batch_size") is not None else "batch_sizes"
+    if data.get(key) is not None and data.get("engine", "eager") != BATCHED_ENGINE:
+        raise ValueError(f"{origin}: {key} = {data[key]!r} runs the batched engine, which needs "
+                         f"engine = \"{BATCHED_ENGINE}\", and the case has engine = {data.get('engine', 'eager')!r}; "
+                         f"set engine = \"{BATCHED_ENGINE}\" (--engine {BATCHED_ENGINE}) or drop {key}")
+
+
+def expand_batch_sizes(case: "Case") -> list["Case"]:
+    """A batch_sizes case as one case per size, ``NAME[batch_size=B]`` in the list's order; any other case alone."""
+    if case.batch_sizes is None:
+        return [case]
+    points = []
+    for size in case.batch_sizes:
+        data = {**case.to_dict(), "batch_size": size}
+        del data["batch_sizes"]
+        data["name"] = changed_name(case.name, {"batch_size": size})
+        points.append(Case.from_dict(data, origin=f"{case.case_id} at batch_size {size}"))
+    return points
 
 
 def _check_value(key: str, value, origin: str, label: str | None = None) -> None:
@@ -134,7 +175,7 @@ def _check_values(data: dict, origin: str) -> None:
     for key in VALUE_RULES:
         table = _NESTED_FIELDS.get(key)
         where = (data.get(table) or {}) if table else data
-        if key in where:
+        if key in where and not (key in UNSET_OMITTED and where[key] is None):
             _check_value(key, where[key], origin, f"{table}.{key}" if table else key)
 
 
@@ -153,6 +194,29 @@ def argument_type(key: str, convert=int):
         return value
 
     parse.__name__ = key
+    return parse
+
+
+def list_argument_type(key: str):
+    """An argparse ``type=`` for a comma-separated list of the case field ``key`` (``1,2,4``): every item held to
+    VALUE_RULES, no item twice, so a bad list is refused naming the item and what is expected."""
+    test, expected = VALUE_RULES[key]
+
+    def parse(text: str) -> list[int]:
+        items = [item.strip() for item in text.split(",")]
+        values = []
+        for item in items:
+            value = int(item) if item.lstrip("-").isdigit() else None
+            if value is None or not test(value):
+                raise argparse.ArgumentTypeError(f"expected a comma-separated list of {key} values, each {expected}; "
+                                                 f"got {item!r} in {text!r}")
+            values.append(value)
+        repeated = sorted({v for v in values if values.count(v) > 1})
+        if repeated:
+            raise argparse.ArgumentTypeError(f"expected distinct {key} values, got {repeated} more than once in {text!r}")
+        return values
+
+    parse.__name__ = f"{key} list"
     return parse
 
 
@@ -181,7 +245,10 @@ def parse_device(text: str) -> str:
 
 # the run settings `specbench run` can change on a stored case, in the order a changed case's name lists them
 OVERRIDABLE = ("max_new_tokens", "num_prompts", "n_shot", "temperature", "seed", "ignore_eos", "dtype", "device",
-               "engine")
+               "engine", "batch_size")
+# what `specbench sweep` varies besides: the draft length of a chain proposer
+SWEEPABLE = ("num_speculative_tokens", "batch_size")
+_NAMING_ORDER = (*OVERRIDABLE, "num_speculative_tokens")
 
 
 def run_settings(case: "Case") -> dict:
@@ -190,7 +257,8 @@ def run_settings(case: "Case") -> dict:
         "max_new_tokens": case.max_new_tokens, "num_prompts": case.prompts.get("num_prompts"),
         "n_shot": case.prompts.get("n_shot", DEFAULT_N_SHOT), "temperature": case.sampling.get("temperature", 0.0),
         "seed": case.seed, "ignore_eos": case.ignore_eos, "dtype": case.dtype, "device": case.device,
-        "engine": case.engine,
+        "engine": case.engine, "batch_size": case.batch_size,
+        "num_speculative_tokens": case.proposer.get("num_speculative_tokens"),
     }
 
 
@@ -201,7 +269,22 @@ def _shown(value) -> str:
     return f"{value:g}" if isinstance(value, float) else str(value)
 
 
-def with_overrides(case: "Case", overrides: dict) -> tuple["Case", dict]:
+def changed_name(name: str, changed: dict) -> str:
+    """The name of a case changed by ``changed``: ``chain-k3[max_new_tokens=8,num_prompts=2]``."""
+    return f"{name}[{','.join(f'{key}={_shown(value)}' for key, value in changed.items())}]"
+
+
+def _check_chain_length(case: "Case", overrides: dict) -> None:
+    """num_speculative_tokens changes a chain proposer's K only: not a tree, nor plain decoding."""
+    if overrides.get("num_speculative_tokens") is None:
+        return
+    if case.proposer.get("name") == "none" or "tree" in case.proposer:
+        what = "decodes plainly" if case.proposer.get("name") == "none" else f"drafts the tree {case.proposer['tree']!r}"
+        raise ValueError(f"num_speculative_tokens sets the length of a draft chain, and case {case.case_id} {what}; "
+                         "drop the num_speculative_tokens setting (--num-speculative-tokens) or pick a chain case")
+
+
+def with_overrides(case: "Case", overrides: dict, *, allowed: tuple[str, ...] = OVERRIDABLE) -> tuple["Case", dict]:
     """(``case`` with ``overrides`` applied, the settings that changed); ``overrides`` maps OVERRIDABLE names to
     values, None meaning "not given". A value equal to the case's own changes nothing.
 
@@ -210,24 +293,28 @@ def with_overrides(case: "Case", overrides: dict) -> tuple["Case", dict]:
     and history. It also loses ``quality_baseline`` (a twin's quality baseline is no more its own), and
     ``min_gpu_gib`` when it leaves CUDA.
     """
-    unknown = sorted(set(overrides) - set(OVERRIDABLE))
+    unknown = sorted(set(overrides) - set(allowed))
     if unknown:
-        raise ValueError(f"cannot override {unknown} of a case; overridable: {', '.join(OVERRIDABLE)}")
+        raise ValueError(f"cannot override {unknown} of a case; overridable: {', '.join(allowed)}")
+    if case.batch_sizes is not None:
+        raise ValueError(f"case {case.case_id} is a batch_sizes sweep {case.batch_sizes}: override one of its points "
+                         f"(expand_batch_sizes, as load_suite does), e.g. {changed_name(case.name, {'batch_size': case.batch_sizes[0]})}")
     given = {key: value for key, value in overrides.items() if value is not None}
     for key, value in given.items():
         _check_value(key, value, f"override of {case.case_id}")
     if "n_shot" in given and case.prompts.get("name") != "gsm8k":
         raise ValueError(f"n_shot applies to the gsm8k prompt set only, and case {case.case_id} uses "
                          f"{case.prompts.get('name')!r}; drop the n_shot override (--n-shot)")
+    _check_chain_length(case, given)
     current = run_settings(case)
-    changed = {key: given[key] for key in OVERRIDABLE if key in given and given[key] != current[key]}
+    changed = {key: given[key] for key in _NAMING_ORDER if key in given and given[key] != current[key]}
     if not changed:
         return case, {}
     data = case.to_dict()  # asdict copies the nested tables
     for key, value in changed.items():
         table = _NESTED_FIELDS.get(key)
         (data[table] if table else data)[key] = value
-    data["name"] = f"{case.name}[{','.join(f'{key}={_shown(value)}' for key, value in changed.items())}]"
+    data["name"] = changed_name(case.name, changed)
     data["quality_baseline"] = None
     if not data["device"].startswith("cuda"):
         data["min_gpu_gib"] = None
@@ -260,7 +347,8 @@ def load_suite(spec: str) -> list[Case]:
     if not isinstance(entries, list) or not entries:
         raise ValueError(f"{origin}: expected one or more [[case]] tables")
     suite = table.get("suite", default_suite)
-    cases = [Case.from_dict({"suite": suite, **entry}, origin=f"{origin} case {i}") for i, entry in enumerate(entries)]
+    cases = [point for i, entry in enumerate(entries)
+             for point in expand_batch_sizes(Case.from_dict({"suite": suite, **entry}, origin=f"{origin} case {i}"))]
     names = [c.name for c in cases]
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:
@@ -272,7 +360,9 @@ def find_case(spec: str) -> list[Case]:
     """``SUITE``, ``SUITE/CASE`` or a TOML path -> the cases it names."""
     if "/" in spec and not spec.endswith(".toml"):
         suite, _, name = spec.partition("/")
-        matches = [c for c in load_suite(suite) if c.name == name]
+        # a batch_sizes case is named by its points, NAME[batch_size=B]: its own name selects them all
+        matches = [c for c in load_suite(suite) if c.name == name] or [
+            c for c in load_suite(suite) if c.name.startswith(f"{name}[batch_size=")]
         if not matches:
             raise ValueError(f"suite {suite!r} has no case {name!r}; its cases: {[c.name for c in load_suite(suite)]}")
         return matches

@@ -202,18 +202,20 @@ def generation_config(case: Case, tokenizer) -> GenerationConfig:
 # a RuntimeError with one of these in its message is a device fault, not a bug of the case
 _DEVICE_FAULT = re.compile(r"CUDA error|CUDA out of memory|CUBLAS|cuDNN", re.IGNORECASE)
 _REQUESTED = re.compile(r"Tried to allocate (\d+(?:\.\d+)? ?[KMGTP]?i?B)")
+_CACHE_NEEDED = re.compile(r"needs a static KV cache of (\d+ bytes)")  # batched_cache.check_cache_fits
 
 
 def case_fault(err: BaseException) -> dict | None:
     """``{"type", "message", "requested"}`` when ``err`` is a device fault of one case (torch.OutOfMemoryError,
-    which torch.cuda.OutOfMemoryError is, or a RuntimeError naming a CUDA, CUBLAS or cuDNN error), else None.
+    which torch.cuda.OutOfMemoryError is, a MemoryError such as a batched cache that does not fit, or a
+    RuntimeError naming a CUDA, CUBLAS or cuDNN error), else None.
     ``message`` is the first line of the error (torch's OOM message names the memory it tried to allocate there);
     ``requested`` is that amount ("2.00 GiB"), or None when the message does not say."""
-    if not isinstance(err, torch.OutOfMemoryError) and not (
+    if not isinstance(err, (torch.OutOfMemoryError, MemoryError)) and not (
             isinstance(err, RuntimeError) and _DEVICE_FAULT.search(str(err))):
         return None
     message = (str(err).strip().splitlines() or [""])[0]
-    requested = _REQUESTED.search(str(err))
+    requested = _REQUESTED.search(str(err)) or _CACHE_NEEDED.search(str(err))
     return {"type": type(err).__name__, "message": message, "requested": requested.group(1) if requested else None}
 
 
@@ -232,6 +234,10 @@ def free_device_memory() -> None:
 def run_case(case: Case, *, progress: bool = True, target=None, tokenizer=None, proposer=None) -> RunResult:
     """Run ``case`` (plain, then speculative, per prompt, alternating so drift hits both alike). ``target``
     and ``proposer`` replace the ones the case would load (benchmarks wrap them to inject slowdowns)."""
+    if case.batch_size is not None or case.batch_sizes is not None:  # the batched engine: docs/batching.md
+        from specbench.batch_run import run_batched_case
+
+        return run_batched_case(case, progress=progress, target=target, tokenizer=tokenizer, proposer=proposer)
     if target is None:
         target, tokenizer = load_target(case)
     if proposer is None:

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import argparse
 
-from specbench.cases import DTYPE_NAMES, ENGINE_NAMES, argument_type, builtin_suites, parse_device
+from specbench.cases import DTYPE_NAMES, ENGINE_NAMES, argument_type, builtin_suites, list_argument_type, parse_device
 from specbench.cli.baselines_command import cmd_baselines_migrate, cmd_baselines_regenerate, cmd_baselines_show
 from specbench.cli.env_command import cmd_env
 from specbench.cli.run_command import DEFAULT_SUITE, REFERENCE_MEDUSA, REFERENCE_TARGET, REFERENCE_TREE, cmd_run
+from specbench.cli.sweep_command import SWEEP_DESCRIPTION, cmd_sweep
 
 EPILOG = """examples:
   specbench run                                  # the default suite on CPU, no download
@@ -15,6 +16,8 @@ EPILOG = """examples:
   specbench run medusa/chain-k3 --num-prompts 2 --max-new-tokens 8   # a quick look (no baseline: see run --help)
   specbench run --prompts gsm8k --num-prompts 80      # reference target + Medusa heads + calibrated tree
   specbench run --proposer ngram --num-speculative-tokens 4 --prompts prompts.jsonl --output result.json
+  specbench sweep medusa/chain-k3 --engine static --batch-sizes 1,2,4 --num-speculative-tokens 1,2,3
+                                                 # throughput per batch size x K, the best K per batch size
   specbench report                               # the dashboard of every run recorded so far
   specbench env                                  # the environment fingerprint as JSON
 
@@ -34,7 +37,7 @@ Two forms:
                                    the explicit form: one new case, cli/NAME (--prompts is required)
 
 Overrides: --max-new-tokens, --num-prompts, --n-shot, --temperature, --seed, --ignore-eos, --dtype,
---device and --engine change the stored cases they run. A changed case is renamed after its changes, e.g.
+--device, --engine and --batch-size change the stored cases they run. A changed case is renamed after its changes, e.g.
 medusa/chain-k3[max_new_tokens=8,num_prompts=2], so it is never gated against the unmodified case's
 baseline: it has no baseline (only its lossless check decides the exit status), --update-baselines refuses
 it, and the history records it under its own name.
@@ -87,6 +90,9 @@ RUN_SETTINGS_HELP = {
     "engine": "target engine: eager (HFTarget, any transformers causal LM) or static (StaticTarget: Llama, Mistral, "
               "Qwen2 on a preallocated cache, one CUDA graph per verify width on GPUs; docs/engines.md) "
               "(default: the case's; eager in the explicit form)",
+    "batch_size": "decode N requests together through the batched engine (needs --engine static): plain and "
+                  "speculative at the same N, with throughput and batch speedup (docs/batching.md) (default: the "
+                  "case's; unset, the single-sequence loop, in the explicit form)",
 }
 
 
@@ -118,8 +124,9 @@ def _add_explicit_arguments(run: argparse.ArgumentParser) -> None:
                           help="the case name, its id being cli/NAME (default: the proposer name)")
 
 
-def _add_setting_arguments(run: argparse.ArgumentParser) -> None:
-    settings = run.add_argument_group("run settings (both forms; on stored cases, overrides)")
+def _add_setting_arguments(run: argparse.ArgumentParser, *, batch_size: bool = True,
+                           title: str = "run settings (both forms; on stored cases, overrides)") -> None:
+    settings = run.add_argument_group(title)
     h = RUN_SETTINGS_HELP
     settings.add_argument("--num-prompts", type=argument_type("num_prompts"), metavar="N", help=h["num_prompts"])
     settings.add_argument("--n-shot", type=argument_type("n_shot"), metavar="N", help=h["n_shot"])
@@ -131,6 +138,8 @@ def _add_setting_arguments(run: argparse.ArgumentParser) -> None:
     settings.add_argument("--dtype", choices=DTYPE_NAMES, help=h["dtype"])
     settings.add_argument("--device", type=parse_device, help=h["device"])
     settings.add_argument("--engine", choices=ENGINE_NAMES, help=h["engine"])
+    if batch_size:
+        settings.add_argument("--batch-size", type=argument_type("batch_size"), metavar="N", help=h["batch_size"])
 
 
 def _add_output_arguments(run: argparse.ArgumentParser) -> None:
@@ -161,6 +170,25 @@ def _add_run_command(sub) -> None:
     _add_setting_arguments(run)
     _add_output_arguments(run)
     run.set_defaults(func=cmd_run)
+
+
+def _add_sweep_command(sub) -> None:
+    sweep = sub.add_parser(
+        "sweep", help="run one case over batch sizes x draft lengths; the best K per batch size",
+        description=SWEEP_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sweep.add_argument("spec", metavar="SUITE/CASE|FILE.toml",
+                       help="the one case to sweep (a batch_sizes case by its own name: its sizes are the default grid)")
+    sweep.add_argument("--batch-sizes", type=list_argument_type("batch_size"), metavar="B,B,...",
+                       help="batch sizes, e.g. 1,2,4,8 (default: the case's batch_sizes, else its batch_size, else 1)")
+    sweep.add_argument("--num-speculative-tokens", type=list_argument_type("num_speculative_tokens"),
+                       metavar="K,K,...", help="draft lengths of a chain proposer, e.g. 1,2,3,5 (default: the case's "
+                       "own draft; refused for tree and plain cases)")
+    _add_setting_arguments(sweep, batch_size=False, title="run settings (overrides of the case, at every point)")
+    sweep.add_argument("--output", metavar="FILE", help="write the grid as JSON here, atomically: every point's "
+                       "metrics and lossless check, and the best K per batch size")
+    sweep.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
+    sweep.set_defaults(func=cmd_sweep)
 
 
 def _add_baselines_command(sub) -> None:
@@ -205,6 +233,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True)
     _add_run_command(sub)
+    _add_sweep_command(sub)
     _add_baselines_command(sub)
 
     env = sub.add_parser("env", help="print the environment fingerprint stored with every result")

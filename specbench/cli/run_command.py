@@ -78,6 +78,7 @@ def _explicit_case(args: argparse.Namespace) -> Case:
         "dtype": args.dtype or d.dtype, "device": args.device or d.device, "engine": args.engine or d.engine,
         "max_new_tokens": args.max_new_tokens or d.max_new_tokens,
         "seed": args.seed if args.seed is not None else d.seed, "ignore_eos": bool(args.ignore_eos),
+        "batch_size": args.batch_size,
     }, origin="the explicit form")
 
 
@@ -156,20 +157,21 @@ def _runnable(cases: list[Case], verbose: bool) -> list[Case]:
 # ---- running ---------------------------------------------------------------------------------------------
 
 
-def _run_one(case: Case, progress: bool) -> dict:
-    """The case's result dict; for a device fault (out of memory, a CUDA/CUBLAS/cuDNN error) an error entry
-    ``{"case", "case_id", "error": {"type", "message", "requested"}}`` instead, said in one line, after freeing
-    what the case left behind, so that the next case runs."""
+def _run_one(case: Case, progress: bool, **loaded) -> dict:
+    """The case's result dict; for a device fault (out of memory, a CUDA/CUBLAS/cuDNN error, a batched cache that
+    does not fit) an error entry ``{"case", "case_id", "error": {"type", "message", "requested"}}`` instead, said
+    in one line, after freeing what the case left behind, so that the next case runs. ``loaded``: run_case's
+    ``target`` and ``tokenizer``, when already loaded."""
     from safetensors import SafetensorError
 
     from specbench.harness import case_fault, fault_line, free_device_memory, run_case
 
     try:
-        return run_case(case, progress=progress).to_dict()
+        return run_case(case, progress=progress, **loaded).to_dict()
     except (json.JSONDecodeError, UnicodeDecodeError, SafetensorError) as err:
         # raised by transformers or tokenizers, naming no file; specbench's own readers name theirs
         raise load_error(case, err) from err
-    except RuntimeError as err:
+    except (RuntimeError, MemoryError) as err:  # MemoryError: a batched cache that does not fit (check_cache_fits)
         fault = case_fault(err)
         if fault is None:
             raise
@@ -263,6 +265,17 @@ def results_table(results: list[dict], reports: list) -> str:
     return "\n".join(lines)
 
 
+def curve_table(curve: dict) -> str:
+    """A batch-size curve (batch_run.curves) as a table: per batch size, throughput, batch speedup, acceptance."""
+    header = ["B", "throughput tok/s", "plain tok/s", "batch speedup", "accept", "MAL"]
+    rows = [[str(p["batch_size"]), _fmt(p["throughput_tokens_per_s"], 1), _fmt(p["plain_throughput_tokens_per_s"], 1),
+             _fmt(p["batch_speedup"], 2) + "x", _fmt(p["acceptance_rate"]), _fmt(p["mean_acceptance_length"], 2)]
+            for p in curve["points"]]
+    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
+    lines = ["  ".join(cell.rjust(w) for cell, w in zip(row, widths)) for row in [header, *rows]]
+    return "\n".join([f"batch-size curve of {curve['case_id']}:", *lines])
+
+
 def gate_lines(reports: list, changed: dict[str, dict], *, verbose: bool) -> list[str]:
     """What a run prints about its gates: with -v every check of every case; by default a headline per case,
     each regression, failure and improvement, and one summary line per kind of check left out."""
@@ -301,6 +314,7 @@ def _store(results: list[dict], baselines_dir: str | None) -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from specbench.batch_run import curves
     from specbench.gating.baselines import BaselineStore
     from specbench.harness import to_json, write_json_atomic
 
@@ -313,6 +327,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     reports = gate_results(results, store, gate=gated, overridden=changed)
     in_order = iter(reports)
     print(results_table(entries, [None if "error" in entry else next(in_order) for entry in entries]))
+    for curve in curves(entries):
+        print()
+        print(curve_table(curve))
     if args.output:
         payload = entries[0] if len(entries) == 1 else {"results": entries}
         write_json_atomic(args.output, to_json(payload))

@@ -1,0 +1,238 @@
+"""Run a case at a batch size through the batched engine, group results into batch-size curves, and sweep K x B."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import math
+import time
+
+import torch
+from tqdm.auto import tqdm
+
+from specbench.cases import OVERRIDABLE, SWEEPABLE, Case, with_overrides
+from specbench.engine.batched_decode import BatchedDecoder
+from specbench.engine.batched_proposers import for_batch
+from specbench.engine.batched_target import BatchedStaticTarget
+from specbench.engine.decode import GenerationConfig
+from specbench.engine.static_target import StaticTarget
+from specbench.env import environment_fingerprint
+from specbench.metrics import aggregate
+from specbench.speed import measurement_flags, repeat_record, speed_over_repeats
+
+SWEEP_SCHEMA_VERSION = 1
+# the batched loop has no step-cost measurement yet (docs/batching.md): its step-cost figures are NaN
+_NO_STEP_COSTS = {"t1_s": math.nan, "verify_s": math.nan, "draft_s": math.nan, "verify_width": None}
+# what a repeat record of a batched run adds to repeat_record's; each becomes the median metric of the run
+BATCH_REPEAT_METRICS = ("throughput_tokens_per_s", "plain_throughput_tokens_per_s", "batch_speedup")
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _reset_peak_memory(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def _peak_memory(device: torch.device) -> int | None:
+    """Bytes the CUDA allocator held at most since the last reset; None on other devices."""
+    return int(torch.cuda.max_memory_allocated(device)) if device.type == "cuda" else None
+
+
+def batched_target_for(case: Case, target=None, tokenizer=None):
+    """(BatchedStaticTarget of ``case.batch_size`` slots, the StaticTarget whose weights it shares, tokenizer)."""
+    from specbench.harness import load_target
+
+    if target is None:
+        target, tokenizer = load_target(case)
+    if not isinstance(target, StaticTarget):
+        raise ValueError(f"case {case.case_id}: batch_size needs the static engine's StaticTarget, got "
+                         f"{type(target).__name__}; set engine = \"static\"")
+    return BatchedStaticTarget.from_static_target(target, case.batch_size), target, tokenizer
+
+
+def batched_form(case: Case, static: StaticTarget, proposer, batch_size: int):
+    """``proposer`` (built for ``static``) in its batched form, None for plain decoding: Medusa batched, any
+    other one per slot, built like the case's own proposer."""
+    from specbench.harness import build_proposer
+
+    if proposer is None:
+        return None
+    return for_batch(proposer, batch_size, factory=lambda: build_proposer(case, static))
+
+
+def _timed_run(decoder: BatchedDecoder, prompts: list, seeds: list[int], device) -> tuple[list, float]:
+    """(results in prompt order, wall seconds of the whole batched run, device synchronised around it)."""
+    _synchronize(device)
+    start = time.perf_counter()
+    results = decoder.generate_all(prompts, seeds)
+    _synchronize(device)
+    return results, time.perf_counter() - start
+
+
+def throughput(results: list, wall_s: float) -> float:
+    """Output tokens of every request / wall seconds of the run that decoded them together."""
+    return sum(r.timing.num_output_tokens for r in results) / wall_s if wall_s > 0 else math.nan
+
+
+def batch_repeat_record(repeat: int, records: list[dict], spec: list, spec_s: float, plain: list, plain_s: float) -> dict:
+    """One repeat of a batched run: repeat_record's figures (no step costs yet) plus its throughputs."""
+    record = repeat_record(repeat, records, _NO_STEP_COSTS)
+    spec_rate, plain_rate = throughput(spec, spec_s), throughput(plain, plain_s)
+    record.update(throughput_tokens_per_s=spec_rate, plain_throughput_tokens_per_s=plain_rate,
+                  batch_speedup=spec_rate / plain_rate if plain_rate > 0 else math.nan,
+                  wall_s=spec_s, plain_wall_s=plain_s)
+    return record
+
+
+def batch_metrics(case: Case, repeats: list[dict], spec: list, peak: int | None) -> dict:
+    """The batch figures of a run: medians over repeats of BATCH_REPEAT_METRICS, the mean wait for a slot, peak memory."""
+    import statistics
+
+    out: dict = {"batch_size": case.batch_size}
+    for name in BATCH_REPEAT_METRICS:
+        values = [r[name] for r in repeats if math.isfinite(r[name])]
+        out[name] = statistics.median(values) if values else math.nan
+    out["queue_s"] = sum(r.queue_s for r in spec) / len(spec) if spec else math.nan
+    out["peak_memory_bytes"] = peak
+    return out
+
+
+def run_batched_case(case: Case, *, progress: bool = True, target=None, tokenizer=None, proposer=None):
+    """Run ``case`` at ``case.batch_size`` through the BatchedDecoder: plain batched decoding, then speculative,
+    per repeat, over the whole prompt set with the same seeds; per-request records as run_case writes them."""
+    from specbench.harness import (RunResult, _request_record, build_proposer, generation_config, load_prompt_ids,
+                                   lossless_report)
+
+    if case.batch_sizes is not None:
+        raise ValueError(f"case {case.case_id} is a batch_sizes sweep {case.batch_sizes}: run its points "
+                         "(cases.expand_batch_sizes, as load_suite does)")
+    target, static, tokenizer = batched_target_for(case, target, tokenizer)
+    proposer = proposer if proposer is not None else build_proposer(case, static)
+    config = generation_config(case, tokenizer)
+    prompts, prompt_source = load_prompt_ids(case, tokenizer, target.vocab_size)
+    ids = [torch.as_tensor(p, dtype=torch.long) for _, p in prompts]
+    seeds = [case.seed + index for index in range(len(prompts))]
+    room = proposer.max_draft_tokens if proposer else 0
+    # the memory check (bytes needed and free) and the one cache allocation, before per-slot state or warm-up
+    target.reserve(max(p.numel() for p in ids) + case.max_new_tokens + room, room)
+    batched_proposer = batched_form(case, static, proposer, case.batch_size)
+    plain_decoder, spec_decoder = BatchedDecoder(target, None, config), BatchedDecoder(target, batched_proposer, config)
+
+    warm = GenerationConfig(max_new_tokens=min(4, case.max_new_tokens), sampling=config.sampling, seed=case.seed)
+    for proposer_now in (None, batched_proposer):  # first calls pay for allocator growth and kernel selection
+        BatchedDecoder(target, proposer_now, warm).generate_all(ids[: case.batch_size])
+
+    _reset_peak_memory(target.device)
+    records, repeats, first = [], [], None
+    bar = tqdm(total=2 * case.repeats, desc=case.case_id, unit="run", disable=not progress)
+    for repeat in range(case.repeats):
+        plain, plain_s = _timed_run(plain_decoder, ids, seeds, target.device)
+        bar.update()
+        spec, spec_s = _timed_run(spec_decoder, ids, seeds, target.device)
+        bar.update()
+        now = [_request_record(pid, s, p, repeat) for (pid, _), s, p in zip(prompts, spec, plain)]
+        records += now
+        repeats.append(batch_repeat_record(repeat, now, spec, spec_s, plain, plain_s))
+        first = first or (plain, spec, spec_decoder.stats)  # every repeat decodes the same tokens (same seeds)
+    bar.close()
+    plain, spec, stats = first
+
+    metrics = aggregate([r.counters for r in spec], [r.timing for r in spec])
+    metrics.update(speed_over_repeats(repeats))
+    metrics.update(batch_metrics(case, repeats, spec, _peak_memory(target.device)))
+    correctness = lossless_report([r.output_token_ids for r in plain], [r.output_token_ids for r in spec],
+                                  checked=config.sampling.rule == "greedy")
+    details = {
+        "proposer": batched_proposer.describe() if batched_proposer else {"name": "none"}, "prompts": prompt_source,
+        "engine": {"name": case.engine, "batched": True, "capture_seconds": 0.0},
+        "batch": {"batch_size": case.batch_size, "num_steps": stats.num_steps, "num_refills": stats.num_refills,
+                  "mean_active_slots": (sum(stats.active_per_step) / len(stats.active_per_step)
+                                        if stats.active_per_step else math.nan)},
+    }
+    created_at = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    env = environment_fingerprint(device=case.device, dtype=case.dtype)
+    return RunResult(case, metrics, records, correctness, env, details, created_at, repeats, measurement_flags(metrics))
+
+
+# ---- curves: results that differ only in batch size --------------------------------------------------------
+
+CURVE_FIELDS = ("throughput_tokens_per_s", "plain_throughput_tokens_per_s", "batch_speedup", "acceptance_rate",
+                "mean_acceptance_length")
+
+
+def _curve_key(result: dict) -> str:
+    """What the results of one curve share: their case definition without its name and batch size."""
+    from specbench import strict_json
+
+    case = {k: v for k, v in (result.get("case") or {}).items() if k not in ("name", "batch_size")}
+    return strict_json.dumps(case)
+
+
+def _curve_name(case_id: str) -> str:
+    """A point's case id without its ``[batch_size=B]`` part (the swept case's id)."""
+    head, _, tail = case_id.rpartition("[batch_size=")
+    return head if head and tail.endswith("]") and tail[:-1].isdigit() else case_id
+
+
+def curves(results: list[dict]) -> list[dict]:
+    """``[{"case_id", "points": [{"batch_size", *CURVE_FIELDS}]}]``, one per group of batched results that differ
+    only in batch size (two points at least), points by batch size; error entries and unbatched results are left out."""
+    groups: dict[str, list[dict]] = {}
+    for result in results:
+        if "error" in result or (result.get("metrics") or {}).get("batch_size") is None:
+            continue
+        groups.setdefault(_curve_key(result), []).append(result)
+    out = []
+    for members in groups.values():
+        if len(members) < 2:
+            continue
+        points = sorted(({"batch_size": r["metrics"]["batch_size"], **{f: r["metrics"].get(f) for f in CURVE_FIELDS}}
+                         for r in members), key=lambda p: p["batch_size"])
+        out.append({"case_id": _curve_name(members[0]["case_id"]), "points": points})
+    return out
+
+
+# ---- sweep: one case over K x B ----------------------------------------------------------------------------
+
+
+def grid_cases(case: Case, batch_sizes: list[int], draft_lengths: list[int | None], overrides: dict | None = None) -> list[Case]:
+    """``case`` with ``overrides`` (OVERRIDABLE run settings) at every (K, B), K outer, each renamed after all its
+    changes at once; a K of None keeps the case's own proposer."""
+    overrides = {key: value for key, value in (overrides or {}).items() if key not in SWEEPABLE}
+    allowed = tuple(dict.fromkeys((*OVERRIDABLE, *SWEEPABLE)))
+    return [with_overrides(case, {**overrides, "num_speculative_tokens": k, "batch_size": b}, allowed=allowed)[0]
+            for k in draft_lengths for b in batch_sizes]
+
+
+def sweep_point(case: Case, result: dict) -> dict:
+    """One grid point of a sweep's JSON: its K, B, case id, and its metrics (or its error)."""
+    point = {"num_speculative_tokens": case.proposer.get("num_speculative_tokens"), "batch_size": case.batch_size,
+             "case_id": case.case_id}
+    if "error" in result:
+        return {**point, "error": result["error"]}
+    return {**point, "metrics": result["metrics"], "correctness": {k: result["correctness"][k] for k in ("checked", "exact", "match_fraction")}}
+
+
+def best_per_batch_size(points: list[dict]) -> list[dict]:
+    """Per batch size, the K of highest throughput among the points that ran (ties: the smaller K)."""
+    best: dict[int, dict] = {}
+    for point in points:
+        rate = (point.get("metrics") or {}).get("throughput_tokens_per_s")
+        if rate is None or not math.isfinite(rate):
+            continue
+        held = best.get(point["batch_size"])
+        if held is None or rate > held["throughput_tokens_per_s"]:
+            best[point["batch_size"]] = {"batch_size": point["batch_size"], "num_speculative_tokens":
+                                         point["num_speculative_tokens"], "throughput_tokens_per_s": rate,
+                                         "batch_speedup": point["metrics"].get("batch_speedup")}
+    return [best[b] for b in sorted(best)]
+
+
+def sweep_report(case: Case, batch_sizes: list[int], draft_lengths: list, points: list[dict], env: dict) -> dict:
+    """The sweep's JSON: the grid's axes, every point, and the best K per batch size."""
+    return {"schema": SWEEP_SCHEMA_VERSION, "case_id": case.case_id, "case": case.to_dict(),
+            "batch_sizes": batch_sizes, "num_speculative_tokens": draft_lengths, "points": points,
+            "best": best_per_batch_size(points), "env": env}
