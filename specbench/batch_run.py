@@ -16,6 +16,7 @@ from specbench.engine.batched_target import BatchedStaticTarget
 from specbench.engine.decode import GenerationConfig
 from specbench.engine.static_target import StaticTarget
 from specbench.env import environment_fingerprint
+from specbench.gating.curves import curve_name
 from specbench.metrics import aggregate
 from specbench.speed import measurement_flags, repeat_record, speed_over_repeats
 
@@ -171,10 +172,7 @@ def _curve_key(result: dict) -> str:
     return strict_json.dumps(case)
 
 
-def _curve_name(case_id: str) -> str:
-    """A point's case id without its ``[batch_size=B]`` part (the swept case's id)."""
-    head, _, tail = case_id.rpartition("[batch_size=")
-    return head if head and tail.endswith("]") and tail[:-1].isdigit() else case_id
+_curve_name = curve_name  # the name specbench.cli.sweep_command imports
 
 
 def curves(results: list[dict]) -> list[dict]:
@@ -191,7 +189,7 @@ def curves(results: list[dict]) -> list[dict]:
             continue
         points = sorted(({"batch_size": r["metrics"]["batch_size"], **{f: r["metrics"].get(f) for f in CURVE_FIELDS}}
                          for r in members), key=lambda p: p["batch_size"])
-        out.append({"case_id": _curve_name(members[0]["case_id"]), "points": points})
+        out.append({"case_id": curve_name(members[0]["case_id"]), "points": points})
     return out
 
 

@@ -68,14 +68,14 @@ def test_migrate_rewrites_old_files_once(old_store, capsys):
     _, old_dir = old_store
     path = old_dir / "medusa.json"
     assert main(["baselines", "migrate", "--baselines", str(old_dir)]) == 0
-    assert capsys.readouterr().out.strip() == f"{path}: schema 1 -> 2 -> 3 (1 cases)"
+    assert capsys.readouterr().out.strip() == f"{path}: schema 1 -> 2 -> 3 -> 4 (1 cases)"
     rewritten = json.loads(path.read_text())
-    assert rewritten["schema"] == 3
+    assert rewritten["schema"] == SCHEMA_VERSION
     speed = rewritten["cases"]["medusa-chain-k3"]["speed"]["NVIDIA H200"]
     assert speed["repeats"] == [] and all(r["repeat"] == 0 for r in speed["requests"])
     assert speed["metrics"]["step_latency_s"] is None  # no repeat records: no T(1) to compute it from
     assert main(["baselines", "migrate", "--baselines", str(old_dir)]) == 0
-    assert capsys.readouterr().out.strip() == f"{path}: schema 3, current"
+    assert capsys.readouterr().out.strip() == f"{path}: schema {SCHEMA_VERSION}, current"
 
 
 def test_a_schema_2_file_gets_t1_from_its_repeats_and_the_same_verdicts(tmp_path):
@@ -102,5 +102,5 @@ def test_the_stored_baselines_are_current():
 
 def test_an_unknown_schema_is_refused_naming_it(tmp_path):
     (tmp_path / "medusa.json").write_text(json.dumps({"schema": 99, "suite": "medusa", "cases": {}}))
-    with pytest.raises(BaselineFileError, match=r"medusa.json: key 'schema' is 99, expected 3"):
+    with pytest.raises(BaselineFileError, match=r"medusa.json: key 'schema' is 99, expected 4"):
         BaselineStore(tmp_path).load("medusa")

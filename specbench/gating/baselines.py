@@ -3,7 +3,7 @@
 
 ``baselines/<suite>.json`` (pretty-printed, sorted keys, floats to 6 significant digits, NaN as null)::
 
-    {"schema": 3, "suite": "medusa", "cases": {"medusa-chain-k3": {
+    {"schema": 4, "suite": "medusa", "cases": {"medusa-chain-k3": {
         "case": {...},              # the case dict it was recorded for; a different one is an error
         "tolerances": {...},        # optional per-case overrides of gates.DEFAULT_TOLERANCES, hand-edited
         "quality": {                # hardware-independent, stored once
@@ -13,10 +13,12 @@
             "provenance": {git_commit, date, command, env}},
         "speed": {"<env.hardware_class>": {
             "metrics": {tokens_per_s, speedup, time_to_first_token_s, per_token_latency_s, decode_speedup,
-                        verify_cost_ratio, draft_cost_ratio},
+                        verify_cost_ratio, draft_cost_ratio, step_latency_s,
+                        batch_speedup, throughput_tokens_per_s},   # the last two: batch points only, else null
             "requests": [{prompt_id, repeat, tokens_per_s, plain_tokens_per_s, time_to_first_token_s, per_token_latency_s,
                           plain_per_token_latency_s}],
-            "repeats": [{repeat, t1_s, verify_s, draft_s, verify_width, ...}],   # per repeat: speed and step costs
+            "repeats": [{repeat, t1_s, verify_s, draft_s, verify_width, ...}],   # per repeat: speed, step costs
+                                                                                 # (batch points: throughputs too)
             "provenance": {...}}}}}}
 
 The per-request values let the gates bootstrap a confidence interval of the difference to the baseline.
@@ -41,9 +43,10 @@ BASELINES_DIR_ENV = "SPECBENCH_BASELINES_DIR"
 # case keys that decide how a run is judged or scheduled, not what it measures: editing them keeps the baseline
 NON_DEFINING_CASE_KEYS = ("tolerances", "gate_quality", "gate_speed", "min_gpu_gib", "description", "quality_baseline",
                           "repeats")
-# what a case's quality reference (``quality_baseline``) may differ in: where and on which engine it runs, not
-# what it computes (the engines decode token for token alike: docs/engines.md)
-QUALITY_REFERENCE_FREE_KEYS = ("name", "device", "engine")
+# what a case's quality reference (``quality_baseline``) may differ in: where, on which engine and at which batch
+# size it runs, not what it computes (the engines, batched or not, decode token for token alike: docs/engines.md,
+# docs/batching.md#exactness-cpu-fp32-greedy)
+QUALITY_REFERENCE_FREE_KEYS = ("name", "device", "engine", "batch_size")
 REGENERATE_HINT = ("regenerate it with `specbench baselines regenerate <suite>` (or `specbench run <case> "
                    "--update-baselines`, or pytest `--specbench-update-baselines`), or restore it from git")
 

@@ -40,8 +40,7 @@ import math
 
 from specbench.env import clock_difference
 from specbench.gating.verdicts import (  # noqa: F401 - re-exported: the verdict types are part of this API
-    CORRECTNESS_CHECKS, CPU_SPEED_NOT_GATED, FAILING_STATUSES, HIGHER_IS_BETTER, LOWER_IS_BETTER, NOTEWORTHY_STATUSES,
-    STATUSES, GateReport, MetricCheck, _fmt, skip_summary,
+    CORRECTNESS_CHECKS, CPU_SPEED_NOT_GATED, FAILING_STATUSES, HIGHER_IS_BETTER, LOWER_IS_BETTER, NOT_MEASURED, NOTEWORTHY_STATUSES, STATUSES, GateReport, MetricCheck, _fmt, skip_summary,
 )
 from specbench.gating.intervals import (DEFAULT_CONFIDENCE, DEFAULT_NUM_RESAMPLES, REPEAT_LEVEL_METRICS, bootstrap_interval,
                                         first_repeat)
@@ -49,13 +48,16 @@ from specbench.gating.intervals import (DEFAULT_CONFIDENCE, DEFAULT_NUM_RESAMPLE
 
 QUALITY_METRICS = ("acceptance_rate", "mean_acceptance_length", "per_position_acceptance_rate")
 # absolute timings follow the host on a launch-bound case; same-run ratios do not (docs/metrics.md#gates)
-ABSOLUTE_SPEED_METRICS = ("tokens_per_s", "time_to_first_token_s", "per_token_latency_s", "step_latency_s")
-RATIO_METRICS = ("speedup", "decode_speedup", "verify_cost_ratio", "draft_cost_ratio")
+ABSOLUTE_SPEED_METRICS = ("tokens_per_s", "time_to_first_token_s", "per_token_latency_s", "step_latency_s",
+                          "throughput_tokens_per_s")
+RATIO_METRICS = ("speedup", "decode_speedup", "verify_cost_ratio", "draft_cost_ratio", "batch_speedup")
+# measured only by a point of a batch-size curve (a case with batch_size: docs/batching.md)
+BATCH_SPEED_METRICS = ("batch_speedup", "throughput_tokens_per_s")
 SPEED_METRICS = ("tokens_per_s", "speedup", "time_to_first_token_s", "per_token_latency_s", "decode_speedup",
-                 "verify_cost_ratio", "draft_cost_ratio", "step_latency_s")
+                 "verify_cost_ratio", "draft_cost_ratio", "step_latency_s", *BATCH_SPEED_METRICS)
 DIRECTIONS = {
     **dict.fromkeys(("acceptance_rate", "mean_acceptance_length", "per_position_acceptance_rate", "tokens_per_s",
-                     "speedup", "decode_speedup"), HIGHER_IS_BETTER),
+                     "speedup", "decode_speedup", *BATCH_SPEED_METRICS), HIGHER_IS_BETTER),
     **dict.fromkeys(("time_to_first_token_s", "per_token_latency_s", "verify_cost_ratio", "draft_cost_ratio",
                      "step_latency_s"), LOWER_IS_BETTER),
 }
@@ -64,11 +66,11 @@ DEFAULT_TOLERANCES = {  # relative, overridable per case in the baseline file
     "acceptance_rate": 0.05, "mean_acceptance_length": 0.05, "per_position_acceptance_rate": 0.05,
     # spec and plain are timed in the same run on the same machine: clock, thermal and co-tenant drift
     # cancel to first order, scheduling jitter remains
-    "speedup": 0.10, "decode_speedup": 0.10,
+    "speedup": 0.10, "decode_speedup": 0.10, "batch_speedup": 0.10,
     # step costs timed back to back in one process: T(K+1)/T(1) and draft/T(1)
     "verify_cost_ratio": 0.10, "draft_cost_ratio": 0.10,
     # absolute timings move with GPU clocks, driver and co-tenants between runs on one hardware class
-    "tokens_per_s": 0.15, "per_token_latency_s": 0.15,
+    "tokens_per_s": 0.15, "per_token_latency_s": 0.15, "throughput_tokens_per_s": 0.15,
     # T(1), one plain verify timed with the device synchronised: the GPU's step without the decode loop's host
     # work, which moves tok/s more than the GPU does (docs/metrics.md#gates)
     "step_latency_s": 0.10,
@@ -200,7 +202,7 @@ def compare_entry(result: dict, entry: dict | None, *, tolerances: dict | None =
         if base_metrics is None:
             check.reason = missing_reason or ""
         elif name in SPEED_METRICS and not math.isfinite(measured):
-            check.status, check.reason = "skipped", "not measured in this run"
+            check.status, check.reason = "skipped", NOT_MEASURED
         elif name in SPEED_METRICS and not _gate_speed(case, hardware_class, name):
             check.baseline = _measured(base_metrics, name, position)
             check.status, check.reason = "skipped", (
@@ -238,7 +240,9 @@ def compare_entry(result: dict, entry: dict | None, *, tolerances: dict | None =
 
     speed_by_class = (entry or {}).get("speed") or {}
     speed = speed_by_class.get(hardware_class) if hardware_class else None
-    for name in SPEED_METRICS:
+    # a batch point's metrics are checks of batch points only: an unbatched run has nothing to say about them
+    batch_point = metrics.get("batch_size") is not None or case.get("batch_size") is not None
+    for name in (n for n in SPEED_METRICS if batch_point or n not in BATCH_SPEED_METRICS):
         if entry is None:
             gate(name, None, None, None, no_entry)
         elif speed is None:

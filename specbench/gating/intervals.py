@@ -4,7 +4,8 @@ Every gated metric is a ratio estimator ``offset + sum(num) / sum(den)`` over re
 ``_estimator``). Whole requests are resampled (tokens within one are not independent), paired by
 ``prompt_id`` when both runs used the same prompts; the interval is of measured - baseline, shifted
 by the baseline value. A run of several repeats is gated on the median over repeats: its interval
-resamples repeats, then requests within each (``_two_level``). Step-cost ratios are rows per repeat.
+resamples repeats, then requests within each (``_two_level``). Step-cost ratios and a batch point's
+throughput and batch speedup are rows per repeat (REPEAT_LEVEL_METRICS).
 specbench.gating.gates explains how the interval enters a verdict.
 """
 
@@ -54,10 +55,15 @@ def _estimator(name: str, position: int | None):
         "verify_cost_ratio": (lambda r: r.get("verify_s"), lambda r: r.get("t1_s"), 0.0, math.nan),
         "draft_cost_ratio": (lambda r: r.get("draft_s"), lambda r: r.get("t1_s"), 0.0, math.nan),
         "step_latency_s": (lambda r: r.get("t1_s"), one, 0.0, math.nan),
+        # a batch point's run-level figures, one per repeat record (each repeat times the whole batched run)
+        "batch_speedup": (lambda r: r.get("batch_speedup"), one, 0.0, math.nan),
+        "throughput_tokens_per_s": (lambda r: r.get("throughput_tokens_per_s"), one, 0.0, math.nan),
     }[name]
 
 
-REPEAT_LEVEL_METRICS = ("verify_cost_ratio", "draft_cost_ratio", "step_latency_s")  # measured once per repeat
+# measured once per repeat: rows are the run's repeat records
+REPEAT_LEVEL_METRICS = ("verify_cost_ratio", "draft_cost_ratio", "step_latency_s", "batch_speedup",
+                        "throughput_tokens_per_s")
 
 
 def _rows(requests: list[dict] | None, estimator) -> tuple[list, np.ndarray, np.ndarray] | None:

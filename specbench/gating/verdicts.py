@@ -21,6 +21,7 @@ NOTEWORTHY_STATUSES = ("regression", "fail", "improvement")
 CPU_SPEED_NOT_GATED = ("CPU timings on shared machines are too noisy to gate; reported only "
                        "(set gate_speed = true in the case to gate)")
 CORRECTNESS_CHECKS = ("exact_match", "match_fraction")
+NOT_MEASURED = "not measured in this run"
 
 
 

@@ -176,10 +176,11 @@ def cmd_report(args: argparse.Namespace) -> int:
     if args.format == "json":
         payload = report_payload(history, regressions, status, str(history_dir))
         return _emit(json.dumps(payload, indent=2, allow_nan=False) + "\n", args.out, "report.json")
+    from specbench.report.curves import batch_curves
     from specbench.report.html import render_html, write_html_report
 
-    path = write_html_report(args.out or "specbench-report",
-                             render_html(history, regressions, status, source=str(history_dir)))
+    page = render_html(history, regressions, status, source=str(history_dir), curves=batch_curves(history, store))
+    path = write_html_report(args.out or "specbench-report", page)
     print(f"wrote {path} ({plural(len(history), 'run')}, {plural(len(regressions), 'flagged regression')})")
     if args.screenshot:
         from specbench.report.screenshot import BrowserUnavailable, capture

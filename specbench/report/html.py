@@ -1,8 +1,8 @@
 """The static HTML dashboard: the results history rendered through the Jinja templates into one index.html.
 
 The page is self-contained (inline CSS and SVG, no script, no network): the flagged regressions, the status
-of each case against its baseline, trend plots per case split by hardware class, per-position acceptance
-curves and the environment of each run. This module only gathers the values; the markup lives in
+of each case against its baseline, batch-size curves beside their baselines (specbench.report.curves), trend
+plots per case split by hardware class, per-position acceptance curves and the environment of each run. This module only gathers the values; the markup lives in
 ``specbench/report/templates/``, rendered with autoescaping and ``StrictUndefined`` (a missing variable is an
 error, not an empty string). The charts are the one piece of pre-built markup: specbench.report.svg escapes
 every text it embeds and returns them as ``Markup``.
@@ -141,8 +141,9 @@ def environment_rows(history) -> list[list[str]]:
     return rows
 
 
-def render_html(history, regressions: list[Regression], status: list[StatusRow], *, source: str = "") -> str:
-    """The whole page as text."""
+def render_html(history, regressions: list[Regression], status: list[StatusRow], *, source: str = "",
+                curves: list | None = None) -> str:
+    """The whole page as text; ``curves``: specbench.report.curves.batch_curves (none: no curve section)."""
     classes = sorted(history["hardware_class"].unique()) if not history.empty else []
     colors = {hw: PALETTE[i % len(PALETTE)] for i, hw in enumerate(classes)}
     trends = [case_charts(case_id, runs, regressions, status, colors)
@@ -152,7 +153,7 @@ def render_html(history, regressions: list[Regression], status: list[StatusRow],
         num_commits=history["git_commit"].dropna().nunique() if not history.empty else 0, classes=classes,
         generated=datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), source=source,
         regressions=regressions, window=WINDOW, metric_labels=METRIC_LABELS, status_rows=status,
-        status_metrics=STATUS_METRICS, status_text=STATUS_TEXT, trends=trends,
+        status_metrics=STATUS_METRICS, status_text=STATUS_TEXT, trends=trends, curves=curves or [],
         env_header=("run", "case", "commit", *ENV_COLUMNS, "gate"),
         env_rows=environment_rows(history), max_env_rows=MAX_ENV_ROWS)
 
