@@ -172,9 +172,6 @@ def _curve_key(result: dict) -> str:
     return strict_json.dumps(case)
 
 
-_curve_name = curve_name  # the name specbench.cli.sweep_command imports
-
-
 def curves(results: list[dict]) -> list[dict]:
     """``[{"case_id", "points": [{"batch_size", *CURVE_FIELDS}]}]``, one per group of batched results that differ
     only in batch size (two points at least), points by batch size; error entries and unbatched results are left out."""

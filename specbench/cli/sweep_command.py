@@ -31,11 +31,11 @@ SWEEP_OVERRIDES = tuple(key for key in OVERRIDABLE if key != "batch_size")  # --
 def _sweep_base(spec: str) -> tuple[Case, list[int] | None]:
     """(the one case SPEC names, the batch sizes it sweeps or None): a batch_sizes case comes back as its points,
     which are folded back into the case they were expanded from."""
-    from specbench.batch_run import _curve_name
+    from specbench.gating.curves import curve_name
 
     cases = find_case(spec)
     sizes = [c.batch_size for c in cases]
-    names = {_curve_name(c.name) for c in cases}
+    names = {curve_name(c.name) for c in cases}
     if len(cases) == 1:
         return cases[0], None
     if len(names) != 1 or any(c.name != changed_name(next(iter(names)), {"batch_size": b}) for c, b in zip(cases, sizes)):
