@@ -11,13 +11,15 @@ from tqdm.auto import tqdm
 
 from specbench.cases import OVERRIDABLE, SWEEPABLE, Case, with_overrides
 from specbench.engine.batched_decode import BatchedDecoder
-from specbench.engine.batched_proposers import for_batch
+from specbench.proposers.batched import for_batch
 from specbench.engine.batched_target import BatchedStaticTarget
 from specbench.engine.decode import GenerationConfig
 from specbench.engine.static_target import StaticTarget
 from specbench.env import environment_fingerprint
 from specbench.gating.curves import curve_name
 from specbench.metrics import aggregate
+from specbench.run_parts import (RunResult, _request_record, build_proposer, generation_config, load_prompt_ids,
+                                 load_target, lossless_report)
 from specbench.speed import measurement_flags, repeat_record, speed_over_repeats
 
 SWEEP_SCHEMA_VERSION = 1
@@ -44,8 +46,6 @@ def _peak_memory(device: torch.device) -> int | None:
 
 def batched_target_for(case: Case, target=None, tokenizer=None):
     """(BatchedStaticTarget of ``case.batch_size`` slots, the StaticTarget whose weights it shares, tokenizer)."""
-    from specbench.harness import load_target
-
     if target is None:
         target, tokenizer = load_target(case)
     if not isinstance(target, StaticTarget):
@@ -57,8 +57,6 @@ def batched_target_for(case: Case, target=None, tokenizer=None):
 def batched_form(case: Case, static: StaticTarget, proposer, batch_size: int):
     """``proposer`` (built for ``static``) in its batched form, None for plain decoding: Medusa batched, any
     other one per slot, built like the case's own proposer."""
-    from specbench.harness import build_proposer
-
     if proposer is None:
         return None
     return for_batch(proposer, batch_size, factory=lambda: build_proposer(case, static))
@@ -104,9 +102,6 @@ def batch_metrics(case: Case, repeats: list[dict], spec: list, peak: int | None)
 def run_batched_case(case: Case, *, progress: bool = True, target=None, tokenizer=None, proposer=None):
     """Run ``case`` at ``case.batch_size`` through the BatchedDecoder: plain batched decoding, then speculative,
     per repeat, over the whole prompt set with the same seeds; per-request records as run_case writes them."""
-    from specbench.harness import (RunResult, _request_record, build_proposer, generation_config, load_prompt_ids,
-                                   lossless_report)
-
     if case.batch_sizes is not None:
         raise ValueError(f"case {case.case_id} is a batch_sizes sweep {case.batch_sizes}: run its points "
                          "(cases.expand_batch_sizes, as load_suite does)")

@@ -12,7 +12,8 @@ from torch import nn
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from specbench.engine.batched_decode import BatchedDecoder
-from specbench.engine.batched_proposers import PerSlotProposer, for_batch
+from specbench.engine.batched_proposers import PerSlotProposer
+from specbench.proposers.batched import for_batch
 from specbench.engine.batched_target import BatchedStaticTarget, SlotInput
 from specbench.engine.decode import Decoder, GenerationConfig
 from specbench.engine.sampling import SamplingParams
