@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -142,7 +143,18 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
 
-class Attention(nn.Module):
+class PartialSumOutput:
+    """The hook a row-parallel output projection needs (``engine/tensor_parallel.py``): ``reduce_output``, when
+    set, turns this module's partial sum into the full one (an all-reduce over the tensor-parallel group).
+    None, the single-process default, returns the projection unchanged."""
+
+    reduce_output: Callable[[torch.Tensor], torch.Tensor] | None = None
+
+    def reduced(self, partial: torch.Tensor) -> torch.Tensor:
+        return partial if self.reduce_output is None else self.reduce_output(partial)  # (W, H)
+
+
+class Attention(PartialSumOutput, nn.Module):
     def __init__(self, s: LlamaShape):
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = s.num_heads, s.num_kv_heads, s.head_dim
@@ -172,7 +184,7 @@ class Attention(nn.Module):
         # the math fallback is half a dozen kernels per layer
         out = F.scaled_dot_product_attention(q, keys, values, attn_mask=bias, enable_gqa=kvh != nh)  # (1, NH, W, D)
         o = self.o_proj
-        return ops.linear(out[0].transpose(0, 1).reshape(width, nh * self.head_dim), o.weight, o.bias)  # (W, H)
+        return self.reduced(ops.linear(out[0].transpose(0, 1).reshape(width, nh * self.head_dim), o.weight, o.bias))  # (W, H)
 
     def forward_batched(self, x, cos, sin, kv: torch.Tensor, slots: torch.Tensor, bias: torch.Tensor, ops: StepOps) -> torch.Tensor:
         """B sequences of W nodes each, flattened: ``x`` (B * W, H); ``kv`` (2, B, KVH, S, D) this layer's batched
@@ -189,7 +201,7 @@ class Attention(nn.Module):
         keys, values = kv[0, :, :, :keys_len], kv[1, :, :, :keys_len]  # (B, KVH, K, D) each
         out = F.scaled_dot_product_attention(q, keys, values, attn_mask=bias[:, None], enable_gqa=kvh != nh)  # (B, NH, W, D)
         o = self.o_proj
-        return ops.linear(out.transpose(1, 2).reshape(batch * width, nh * d), o.weight, o.bias)  # (B * W, H)
+        return self.reduced(ops.linear(out.transpose(1, 2).reshape(batch * width, nh * d), o.weight, o.bias))  # (B * W, H)
 
 
 class FusedLinear(nn.Module):
@@ -216,7 +228,7 @@ class FusedLinear(nn.Module):
 
 
 
-class MLP(nn.Module):
+class MLP(PartialSumOutput, nn.Module):
     def __init__(self, s: LlamaShape):
         super().__init__()
         self.gate_proj = nn.Linear(s.hidden_size, s.intermediate_size, bias=s.mlp_bias)
@@ -229,7 +241,7 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor, ops: StepOps) -> torch.Tensor:
         gate_up, down = self.gate_up, self.down_proj
-        return ops.linear(ops.swiglu(ops.linear(x, gate_up.weight, gate_up.bias)), down.weight, down.bias)  # (W, H)
+        return self.reduced(ops.linear(ops.swiglu(ops.linear(x, gate_up.weight, gate_up.bias)), down.weight, down.bias))  # (W, H)
 
 
 class DecoderLayer(nn.Module):
