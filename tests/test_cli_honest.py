@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -16,6 +17,9 @@ from _cli_output import error_line
 from _synthetic_results import make_result, with_divergence
 
 from specbench.cli import build_parser, exit_status, gate_results, main
+
+# the suites shipped as specbench/cases/*.toml, listed from the directory, not from the code under test
+SHIPPED_SUITES = sorted(p.stem for p in (Path(__file__).resolve().parent.parent / "specbench" / "cases").glob("*.toml"))
 
 
 
@@ -285,7 +289,8 @@ def test_baselines_show_an_unknown_suite_names_it_and_the_known_ones(tmp_path, c
     assert main(["baselines", "show", "nosuite", "--baselines", str(tmp_path)]) == 2
     assert error_line(capsys) == (
         f"specbench: error: no baselines stored for suite 'nosuite' in {tmp_path} (suites with baselines there: "
-        "medusa; built-in suites: demo, draft, medusa, ngram, speed); store them with `specbench baselines regenerate nosuite`")
+        f"medusa; built-in suites: {', '.join(SHIPPED_SUITES)}); store them with "
+        "`specbench baselines regenerate nosuite`")
     assert main(["baselines", "show", "medusa", "--baselines", str(tmp_path)]) == 0
     assert capsys.readouterr().out.startswith("medusa/chain-k3: acceptance ")
 
