@@ -60,6 +60,7 @@ VALUE_RULES = {
     "batch_size": (lambda v: _is_int(v) and v >= 1, "an integer >= 1 (requests decoded together)"),
     "batch_sizes": (lambda v: isinstance(v, list) and bool(v) and all(_is_int(b) and b >= 1 for b in v)
                     and len(set(v)) == len(v), "a non-empty list of distinct integers >= 1, e.g. [1, 2, 4, 8]"),
+    "tensor_parallel": (lambda v: _is_int(v) and v >= 1, "an integer >= 1 (ranks the target is sharded over)"),
     "gate_speed": (lambda v: v is None or isinstance(v, bool) or v == "ratios",
                    'true, false or "ratios" (same-run ratios only: for launch-bound cases)'),
 }
@@ -104,6 +105,8 @@ class Case:
     batch_size: int | None = None
     # a sweep over batch sizes: load_suite expands the case into one case per size, NAME[batch_size=B]
     batch_sizes: list[int] | None = None
+    # ranks the static engine's target is sharded over (docs/tensor_parallel.md); unset: one process, as before
+    tensor_parallel: int | None = None
 
     @property
     def case_id(self) -> str:
@@ -126,6 +129,7 @@ class Case:
                              f"got {data['sampling']!r}")
         _check_values(data, origin)
         _check_batching(data, origin)
+        _check_tensor_parallel(data, origin)
         return cls(**data)
 
     def to_dict(self) -> dict:
@@ -136,7 +140,24 @@ class Case:
 
 
 # fields written by Case.to_dict only when set (None: the behaviour from before they existed)
-UNSET_OMITTED = ("batch_size", "batch_sizes")
+UNSET_OMITTED = ("batch_size", "batch_sizes", "tensor_parallel")
+TENSOR_PARALLEL_ENGINE = "static"  # the engine whose target engine/tensor_parallel.py shards
+
+
+def _check_tensor_parallel(data: dict, origin: str) -> None:
+    """tensor_parallel > 1 shards the static engine's target, one request at a time (not batched, for now)."""
+    size = data.get("tensor_parallel")
+    if size is None or size == 1:
+        return
+    origin = f"{origin} (case {data.get('name')!r})"
+    if data.get("engine", "eager") != TENSOR_PARALLEL_ENGINE:
+        raise ValueError(f"{origin}: tensor_parallel = {size} shards the static engine's target, and the case has "
+                         f"engine = {data.get('engine', 'eager')!r}; set engine = \"{TENSOR_PARALLEL_ENGINE}\" "
+                         f"(--engine {TENSOR_PARALLEL_ENGINE}) or drop tensor_parallel")
+    batched = [key for key in ("batch_size", "batch_sizes") if data.get(key) is not None]
+    if batched:
+        raise ValueError(f"{origin}: tensor_parallel = {size} cannot be combined with {batched[0]} = "
+                         f"{data[batched[0]]!r} yet (the batched engine is not sharded); drop one of them")
 
 
 def _check_batching(data: dict, origin: str) -> None:
@@ -245,7 +266,7 @@ def parse_device(text: str) -> str:
 
 # the run settings `specbench run` can change on a stored case, in the order a changed case's name lists them
 OVERRIDABLE = ("max_new_tokens", "num_prompts", "n_shot", "temperature", "seed", "ignore_eos", "dtype", "device",
-               "engine", "batch_size")
+               "engine", "batch_size", "tensor_parallel")
 # what `specbench sweep` varies besides: the draft length of a chain proposer
 SWEEPABLE = ("num_speculative_tokens", "batch_size")
 _NAMING_ORDER = (*OVERRIDABLE, "num_speculative_tokens")
@@ -257,7 +278,7 @@ def run_settings(case: "Case") -> dict:
         "max_new_tokens": case.max_new_tokens, "num_prompts": case.prompts.get("num_prompts"),
         "n_shot": case.prompts.get("n_shot", DEFAULT_N_SHOT), "temperature": case.sampling.get("temperature", 0.0),
         "seed": case.seed, "ignore_eos": case.ignore_eos, "dtype": case.dtype, "device": case.device,
-        "engine": case.engine, "batch_size": case.batch_size,
+        "engine": case.engine, "batch_size": case.batch_size, "tensor_parallel": case.tensor_parallel,
         "num_speculative_tokens": case.proposer.get("num_speculative_tokens"),
     }
 

@@ -34,6 +34,15 @@ class RankContext:
     device: torch.device
 
 
+class TensorParallelCaseError(RuntimeError):
+    """A tensor-parallel case that failed on one of its ranks, or whose ranks emitted different tokens: that
+    case's error (reported as its ERROR line), naming the rank."""
+
+    def __init__(self, message: str, rank: int | None = None):
+        self.rank = rank
+        super().__init__(message)
+
+
 class RankFailed(RuntimeError):
     """A launched rank raised or died; carries that rank's exception type, message and traceback."""
 
@@ -169,7 +178,7 @@ def environment_record(device: torch.device | str | None = None) -> dict:
         "device_names": names,
         "interconnect": _nvlink_state(device.index or 0) if cuda else f"none (CPU{f', {backend}' if backend else ''})",
         "nccl_nvls_enable": os.environ.get("NCCL_NVLS_ENABLE") if cuda else None,
-        "hardware_class": _hardware_class(names, world_size),
+        "hardware_class": _hardware_class(names, world_size, cuda),
     }
 
 
@@ -181,12 +190,13 @@ def _device_name(device: torch.device) -> str:
     return platform.processor() or platform.machine() or "cpu"
 
 
-def _hardware_class(names: list, world_size: int) -> str:
-    """"cpu" or the GPU model, prefixed with the GPU count when more than one takes part ("2x NVIDIA H200")."""
+def _hardware_class(names: list, world_size: int, cuda: bool) -> str:
+    """"cpu" or the GPU model, prefixed with the GPU count when more than one takes part ("2x NVIDIA H200").
+    CPU ranks stay "cpu" at any world size: they share one host's cores, as a single-process CPU run does."""
     from specbench.env import hardware_class
 
-    gpu = names[0] if names and all(n == names[0] for n in names) and torch.cuda.is_available() else None
-    single = hardware_class(gpu) if gpu else ("cpu" if not torch.cuda.is_available() else "mixed GPUs")
+    gpu = names[0] if cuda and names and all(n == names[0] for n in names) else None
+    single = hardware_class(gpu) if gpu else ("mixed GPUs" if cuda else "cpu")
     return single if world_size == 1 or single == "cpu" else f"{world_size}x {single}"
 
 

@@ -24,6 +24,8 @@ FINGERPRINT_KEYS = (
     "gpu_memory_bytes", "gpu_memory_gib", "driver_version", "gpu_clocks",
     "device", "dtype", "git_commit", "git_dirty", "hardware_class",
 )
+# what a tensor-parallel run adds (distributed.environment_record); a single-process run's record has none of them
+DISTRIBUTED_KEYS = ("world_size", "tensor_parallel", "backend", "device_names", "interconnect", "nccl_nvls_enable")
 _PROJECT_ROOT = Path(specbench.__file__).resolve().parent.parent
 _COMMAND_TIMEOUT_S = 10
 _CLOCKS_TIMEOUT_S = 2  # a fingerprint is taken after every run; a hung driver must not hold it up
@@ -83,6 +85,14 @@ def environment_fingerprint(device: str | None = None, dtype: str | None = None)
         "git_dirty": dirty,
         "hardware_class": hardware_class(gpu_name),
     }
+
+
+def with_distributed(fingerprint: dict, record: dict, tensor_parallel: int) -> dict:
+    """``fingerprint`` (rank 0's) with a tensor-parallel run's fields: its world size and tensor-parallel size,
+    backend, every rank's device name, the interconnect, and the hardware class counting the GPUs
+    ("2x NVIDIA H200"; CPU ranks stay "cpu", so single-process classes and their baselines are unchanged)."""
+    fields = {key: record.get(key) for key in DISTRIBUTED_KEYS if key != "tensor_parallel"}
+    return {**fingerprint, **fields, "tensor_parallel": tensor_parallel, "hardware_class": record["hardware_class"]}
 
 
 def gpu_memory_gib(index: int = 0) -> float | None:

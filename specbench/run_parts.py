@@ -30,27 +30,32 @@ def parse_dtype(name: str) -> torch.dtype:
     return DTYPES[name]
 
 
-def load_target(case: Case):
+def load_target(case: Case, *, static_class: type[StaticTarget] = StaticTarget, device: str | None = None):
     """(target, tokenizer or None) for the case's target reference, on the case's engine: HFTarget
-    (eager) or StaticTarget (static; the Llama family, refused naming the model_type otherwise)."""
+    (eager) or ``static_class`` (static: StaticTarget, the Llama family, refused naming the model_type
+    otherwise; tensor-parallel runs pass its sharded subclass and their rank's ``device``)."""
     dtype = parse_dtype(case.dtype)
+    device = device or case.device
     if case.target in BUILTIN_TARGETS:
-        model = BUILTIN_TARGETS[case.target](dtype).to(case.device)
-        return (StaticTarget.from_hf_model(model) if case.engine == "static" else HFTarget(model)), None
+        model = BUILTIN_TARGETS[case.target](dtype).to(device)
+        return (static_class.from_hf_model(model) if case.engine == "static" else HFTarget(model)), None
     from specbench.checkpoints.resolve import load_target_model, resolve_model_dir
 
     reference = expand_ref(case.target)
     if case.engine == "static":
-        target = StaticTarget.from_pretrained(reference, dtype=dtype, device=case.device)
+        target = static_class.from_pretrained(reference, dtype=dtype, device=device)
     else:
-        target = HFTarget(load_target_model(reference, dtype=dtype, device=case.device))
-    directory = resolve_model_dir(reference)
-    tokenizer = None
-    if any((directory / name).exists() for name in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
-        from transformers import AutoTokenizer
+        target = HFTarget(load_target_model(reference, dtype=dtype, device=device))
+    return target, load_tokenizer(resolve_model_dir(reference))
 
-        tokenizer = AutoTokenizer.from_pretrained(directory)
-    return target, tokenizer
+
+def load_tokenizer(directory: Path):
+    """The tokenizer stored in a model directory, or None when it has none."""
+    if not any((directory / name).exists() for name in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
+        return None
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(directory)
 
 
 def load_prompt_ids(case: Case, tokenizer, vocab_size: int) -> tuple[list[tuple[str, list[int]]], dict]:

@@ -37,7 +37,7 @@ Two forms:
                                    the explicit form: one new case, cli/NAME (--prompts is required)
 
 Overrides: --max-new-tokens, --num-prompts, --n-shot, --temperature, --seed, --ignore-eos, --dtype,
---device, --engine and --batch-size change the stored cases they run. A changed case is renamed after its changes, e.g.
+--device, --engine, --batch-size and --tensor-parallel change the stored cases they run. A changed case is renamed after its changes, e.g.
 medusa/chain-k3[max_new_tokens=8,num_prompts=2], so it is never gated against the unmodified case's
 baseline: it has no baseline (only its lossless check decides the exit status), --update-baselines refuses
 it, and the history records it under its own name.
@@ -93,6 +93,10 @@ RUN_SETTINGS_HELP = {
     "batch_size": "decode N requests together through the batched engine (needs --engine static): plain and "
                   "speculative at the same N, with throughput and batch speedup (docs/batching.md) (default: the "
                   "case's; unset, the single-sequence loop, in the explicit form)",
+    "tensor_parallel": "shard the target over N ranks (needs --engine static, a Llama-family target whose head "
+                       "counts divide by N; not with --batch-size): specbench launches the ranks itself (gloo on "
+                       "the CPU, NCCL with one GPU per rank), or joins torchrun's when run under it "
+                       "(docs/tensor_parallel.md) (default: the case's; unset, one process)",
 }
 
 
@@ -140,6 +144,8 @@ def _add_setting_arguments(run: argparse.ArgumentParser, *, batch_size: bool = T
     settings.add_argument("--engine", choices=ENGINE_NAMES, help=h["engine"])
     if batch_size:
         settings.add_argument("--batch-size", type=argument_type("batch_size"), metavar="N", help=h["batch_size"])
+        settings.add_argument("--tensor-parallel", type=argument_type("tensor_parallel"), metavar="N",
+                              help=h["tensor_parallel"])
 
 
 def _add_output_arguments(run: argparse.ArgumentParser) -> None:
@@ -188,7 +194,7 @@ def _add_sweep_command(sub) -> None:
     sweep.add_argument("--output", metavar="FILE", help="write the grid as JSON here, atomically: every point's "
                        "metrics and lossless check, and the best K per batch size")
     sweep.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
-    sweep.set_defaults(func=cmd_sweep)
+    sweep.set_defaults(func=cmd_sweep, tensor_parallel=None)  # the batched engine is not sharded
 
 
 def _add_baselines_command(sub) -> None:

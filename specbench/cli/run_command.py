@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
+import os
 import shlex
 import sys
 
@@ -78,7 +80,7 @@ def _explicit_case(args: argparse.Namespace) -> Case:
         "dtype": args.dtype or d.dtype, "device": args.device or d.device, "engine": args.engine or d.engine,
         "max_new_tokens": args.max_new_tokens or d.max_new_tokens,
         "seed": args.seed if args.seed is not None else d.seed, "ignore_eos": bool(args.ignore_eos),
-        "batch_size": args.batch_size,
+        "batch_size": args.batch_size, "tensor_parallel": args.tensor_parallel,
     }, origin="the explicit form")
 
 
@@ -313,7 +315,22 @@ def _store(results: list[dict], baselines_dir: str | None) -> None:
         print(update_baseline(result, baselines_dir, command=command).format())
 
 
+def _torchrun_peer() -> bool:
+    """This process is a rank other than 0 of a torchrun launch (docs/tensor_parallel.md)."""
+    return int(os.environ.get("WORLD_SIZE", "1")) > 1 and int(os.environ.get("RANK", "0")) > 0
+
+
+def _run_as_peer(args: argparse.Namespace) -> int:
+    """A torchrun rank other than 0: its share of each case, silently; rank 0 prints, gates, writes and records."""
+    cases, _ = _cases_to_run(args)
+    with open(os.devnull, "w") as sink, contextlib.redirect_stdout(sink):
+        entries = _run_cases(_runnable(cases, False), True)
+    return 1 if any("error" in entry for entry in entries) else 0
+
+
 def cmd_run(args: argparse.Namespace) -> int:
+    if _torchrun_peer():
+        return _run_as_peer(args)
     from specbench.batch_run import curves
     from specbench.gating.baselines import BaselineStore
     from specbench.harness import to_json, write_json_atomic
