@@ -1,5 +1,5 @@
 """Where specbench finds data it did not get from the hub: the table of shipped reference names
-(models, Medusa heads, trees; ``specbench zoo build`` fills their directory) and the one variable
+(models, Medusa heads, trees, EAGLE heads; ``specbench zoo build`` fills their directory) and the one variable
 naming a local data directory (prompt sets, published Medusa trees). It sits at the bottom of the
 package so checkpoint resolution, tree loading and prompt sets can use it without importing the zoo."""
 
@@ -23,6 +23,8 @@ REFERENCES: dict[str, str] = {
     "specbench-ref/gsm8k-tiny": "target",
     "specbench-ref/gsm8k-tiny-medusa": "medusa",
     "specbench-ref/gsm8k-tiny-draft": "draft",
+    "specbench-ref/gsm8k-tiny-eagle": "eagle",  # EAGLE-1/2 head (specbench zoo eagle)
+    "specbench-ref/gsm8k-tiny-eagle3": "eagle3",  # EAGLE-3 head, 1,024-token draft vocabulary
     "gsm8k-tiny-63": "trees/gsm8k-tiny-63.json",
     "gsm8k-tiny-15": "trees/gsm8k-tiny-15.json",
 }

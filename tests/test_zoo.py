@@ -237,7 +237,7 @@ def test_install_copies_a_build_and_refuses_a_failed_one(built, tmp_path):
 def test_full_scale_checks_follow_the_config():
     acceptance = {"chain_k3": {"acceptance_rate": 0.24}, "tree_63": {"mean_acceptance_length": 2.4}}
     checks = _checks(FULL, acceptance, total_bytes=21_000_000, largest_tree="63")
-    assert checks == {"chain_k3_acceptance>=0.25": False, "tree_63_mean_acceptance_length>=2.3": True, "total_bytes<=25000000": True}
+    assert checks == {"chain_k3_acceptance>=0.25": False, "tree_63_mean_acceptance_length>=2.3": True, "total_bytes<=50000000": True}
     assert _checks(TEST, acceptance, total_bytes=10**9, largest_tree="7") == {}  # the miniature gates nothing
 
 

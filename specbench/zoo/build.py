@@ -1,8 +1,8 @@
 """``specbench zoo build``: train and package the project's own GSM8K reference models — a BPE
-tokenizer, a small Llama target, Medusa-1 heads, calibrated Medusa trees and a draft model — with a
-build record of everything measured. The ``zoo`` command line is specbench/zoo/cli.py.
+tokenizer, a small Llama target, Medusa-1 heads, calibrated Medusa trees, a draft model and EAGLE-1/2 and
+EAGLE-3 heads — with a build record of everything measured. The ``zoo`` command line is specbench/zoo/cli.py.
 
-Output: ``OUT_DIR/gsm8k-tiny/{target,medusa,draft,trees,build_record.json}``, written into a
+Output: ``OUT_DIR/gsm8k-tiny/{target,medusa,draft,trees,eagle,eagle3,build_record.json}``, written into a
 temporary sibling and renamed into place when complete. Prompts are zero-shot
 (``Question: <q>\\nAnswer:``), exactly the prefix of every training document.
 """
@@ -29,6 +29,10 @@ from specbench.zoo.build_record import (
     loss_summary, write_record,
 )
 from specbench.zoo.config import ZooBuildConfig
+from specbench.zoo.eagle_stage import (
+    EAGLE_REPRODUCED_METRICS, EAGLE_SEED_OFFSETS, HEAD_DIRS, EagleStageConfig, StageInputs, eagle_checks, eagle_family,
+)
+from specbench.zoo.eagle_stage import SCALES as EAGLE_SCALES
 from specbench.prompts.gsm8k import read_split
 from specbench.zoo.corpus import document_text, prompt_text
 from specbench.zoo.lm_training import build_llama, evaluate_lm, train_causal_lm
@@ -37,10 +41,12 @@ from specbench.zoo.self_distillation import answer_prefix_prompts, collect_conti
 from specbench.zoo.tokenizer import encode_documents, train_tokenizer
 
 TARGET_REF = "specbench-ref/gsm8k-tiny"  # written into the Medusa config as base_model_name_or_path
-MAX_TOTAL_BYTES = 25_000_000  # the zoo ships inside the package and travels with it to GPU machines
+MAX_TOTAL_BYTES = 50_000_000  # the zoo ships inside the package and travels with it to GPU machines (issue #14: 50 MB)
 PROMPT_FORMAT = "zero-shot: 'Question: <question>\\nAnswer:' (specbench.prompts.format_gsm8k_prompt, no exemplars)"
 # offsets from the build seed, one per random stream, so changing one stage never shifts another
-_SEED_OFFSETS = {"target_init": 0, "target_data": 1, "heads_init": 2, "heads_data": 3, "prefix_cuts": 4, "draft_init": 5, "draft_data": 6}
+_SEED_OFFSETS = {"target_init": 0, "target_data": 1, "heads_init": 2, "heads_data": 3, "prefix_cuts": 4, "draft_init": 5,
+                 "draft_data": 6, **EAGLE_SEED_OFFSETS}
+PARTS = ("target", "medusa", "draft", "trees")  # what the Medusa and draft stages ship; HEAD_DIRS follow
 
 
 class BuildExists(FileExistsError, ValueError):
@@ -62,6 +68,26 @@ def _prompt_ids(tokenizer, questions: list[str]) -> list[list[int]]:
     return tokenizer([prompt_text(q) for q in questions], add_special_tokens=False)["input_ids"]
 
 
+def partition_records(records: list[dict], num_heldout: int, num_distill_only: int) -> tuple[list, list, list]:
+    """(train, distill, held-out) records: the target trains on the first; the second (the records just before
+    the held-out ones, else the training ones) prompts the self-distillation; the last ``num_heldout`` are held out."""
+    cut = len(records) - num_heldout - num_distill_only
+    # questions the target never trains on: continuations of them look like test-time ones
+    return records[:cut], records[cut:-num_heldout] or records[:cut], records[-num_heldout:]
+
+
+def distillation_prompts(tokenizer, distill_records: list[dict], num_answer_prefix_prompts: int, seed: int,
+                         max_length: int) -> tuple[list[list[int]], list[list[int]]]:
+    """The self-distillation prompts: one zero-shot prompt per distillation question, then the question + a
+    seeded cut of its reference answer (``seed``: the build's prefix_cuts stream). The EAGLE stage regenerates
+    exactly these from a build's record."""
+    questions = _prompt_ids(tokenizer, [r["question"] for r in distill_records])
+    documents = encode_documents(tokenizer, [document_text(r) for r in distill_records])
+    prefixes = answer_prefix_prompts(documents, [len(p) for p in questions], num_answer_prefix_prompts, seed,
+                                     max_length=max_length)
+    return questions, prefixes
+
+
 def _checks(config: ZooBuildConfig, acceptance: dict, total_bytes: int, largest_tree: str) -> dict[str, bool]:
     checks = {}
     if config.min_chain_acceptance is not None:
@@ -75,7 +101,8 @@ def _checks(config: ZooBuildConfig, acceptance: dict, total_bytes: int, largest_
     return checks
 
 
-def _run_pipeline(staging: Path, config: ZooBuildConfig, scale: str, data_dir, device: torch.device, seed: int, progress: bool) -> dict:
+def _run_pipeline(staging: Path, config: ZooBuildConfig, eagle_config: EagleStageConfig, scale: str, data_dir, device: torch.device,
+                  seed: int, progress: bool) -> dict:
     timer = StageTimer()
     seeds = {stage: seed + offset for stage, offset in _SEED_OFFSETS.items()}
 
@@ -88,15 +115,11 @@ def _run_pipeline(staging: Path, config: ZooBuildConfig, scale: str, data_dir, d
                 f"{test_split.path}: {len(test_split.records)} test records for {config.eval_num_prompts} evaluation "
                 "prompts; use the complete GSM8K files"
             )
-        cut = len(records) - config.num_heldout - config.num_distill_only_records
-        train_records, heldout_records = records[:cut], records[-config.num_heldout :]
-        # questions the target never trains on: continuations of them look like test-time ones
-        distill_records = records[cut : -config.num_heldout] or train_records
+        train_records, distill_records, heldout_records = partition_records(records, config.num_heldout, config.num_distill_only_records)
 
     with timer.stage("tokenizer"):
         tokenizer = train_tokenizer([document_text(r) for r in records[: -config.num_heldout]], config.vocab_size, config.max_context)
         train_docs = encode_documents(tokenizer, [document_text(r) for r in train_records])
-        distill_docs = encode_documents(tokenizer, [document_text(r) for r in distill_records])
         heldout_docs = encode_documents(tokenizer, [document_text(r) for r in heldout_records])
 
     with timer.stage("target"):
@@ -108,9 +131,10 @@ def _run_pipeline(staging: Path, config: ZooBuildConfig, scale: str, data_dir, d
         target_heldout = evaluate_lm(target, heldout_docs, seq_len=config.target_training.seq_len)
 
     with timer.stage("self_distillation"):
-        distill_prompts = _prompt_ids(tokenizer, [r["question"] for r in distill_records])
-        distill_prompts += answer_prefix_prompts(distill_docs, [len(p) for p in distill_prompts], config.num_answer_prefix_prompts, seeds["prefix_cuts"],
-                                               max_length=config.target_training.seq_len - config.distill_max_new_tokens)
+        question_prompts, prefix_prompts = distillation_prompts(
+            tokenizer, distill_records, config.num_answer_prefix_prompts, seeds["prefix_cuts"],
+            max_length=config.target_training.seq_len - config.distill_max_new_tokens)
+        distill_prompts = question_prompts + prefix_prompts
         heldout_prompts = _prompt_ids(tokenizer, [r["question"] for r in heldout_records])
         collect = dict(batch_size=config.distill_batch_size, progress=progress)
         hidden, tokens = collect_continuations(target, distill_prompts, config.distill_max_new_tokens, **collect)
@@ -162,10 +186,17 @@ def _run_pipeline(staging: Path, config: ZooBuildConfig, scale: str, data_dir, d
         # teacher-forced top-1 agreement with the target's own greedy tokens: what a draft chain needs
         draft_agreement = evaluate_lm(draft, heldout_continuations, seq_len=config.draft_training.seq_len, score_from=heldout_starts)
 
-    sizes = {part: directory_bytes(staging / part) for part in ("target", "medusa", "draft", "trees")}
+    with timer.stage("eagle"):
+        inputs = StageInputs(target, question_prompts, prefix_prompts, heldout_prompts, eval_prompts,
+                             tree=staging / "trees" / f"{config.name}-{eagle_config.tree_size}.json",
+                             weights_dtype=config.weights_dtype, max_new_tokens=config.distill_max_new_tokens,
+                             eval_max_new_tokens=config.eval_max_new_tokens)
+        eagle = eagle_family(staging, inputs, eagle_config, seed=seed, device=device, progress=progress)
+
+    sizes = {part: directory_bytes(staging / part) for part in (*PARTS, *HEAD_DIRS)}
     sizes["total"] = sum(sizes.values())
     largest_tree = str(max(config.tree_sizes))
-    checks = _checks(config, acceptance, sizes["total"], largest_tree)
+    checks = {**_checks(config, acceptance, sizes["total"], largest_tree), **eagle_checks(eagle, eagle_config)}
     return {
         "schema": RECORD_SCHEMA_VERSION,
         "name": config.name,
@@ -215,12 +246,13 @@ def _run_pipeline(staging: Path, config: ZooBuildConfig, scale: str, data_dir, d
             "heldout_continuation_loss": draft_agreement["loss"],
             "heldout_top1_agreement_with_target": draft_agreement["top1_accuracy"],
         },
+        "eagle": eagle,
         "sizes_bytes": sizes,
         # CPU builds are bit-identical (tests/test_zoo.py); see build_record.REPRODUCED_METRICS
         "reproducibility": {
             "cpu": "bit-identical weights",
             "cuda_quality_tolerance": CUDA_QUALITY_TOLERANCE,
-            "metrics": list(REPRODUCED_METRICS),
+            "metrics": [*REPRODUCED_METRICS, *EAGLE_REPRODUCED_METRICS],
         },
         "checks": checks,
         "passed": all(checks.values()),
@@ -238,9 +270,11 @@ def build_zoo(
     seed: int = 0,
     overwrite: bool = False,
     progress: bool = True,
+    eagle_config: EagleStageConfig | None = None,
 ) -> Path:
     """Build the zoo into ``out_dir/<config.name>`` and return that directory. Everything is written
-    into a temporary sibling first; a failed build leaves nothing behind."""
+    into a temporary sibling first; a failed build leaves nothing behind. ``eagle_config`` sizes the EAGLE
+    stage (default: its full scale for ``scale="full"``, else its test scale)."""
     out_dir = Path(out_dir)
     final = out_dir / config.name
     if final.exists() and not overwrite:
@@ -251,7 +285,8 @@ def build_zoo(
     out_dir.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{config.name}.", suffix=".partial", dir=out_dir))
     try:
-        write_record(staging, _run_pipeline(staging, config, scale, data_dir, device, seed, progress))
+        eagle_config = eagle_config or EAGLE_SCALES["full" if scale == "full" else "test"]
+        write_record(staging, _run_pipeline(staging, config, eagle_config, scale, data_dir, device, seed, progress))
         make_readable(staging)
         if final.exists():
             shutil.rmtree(final)

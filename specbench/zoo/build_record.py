@@ -3,8 +3,12 @@ libraries, how training went and what it measured, so a rebuild can be compared 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
+import os
+import shutil
+import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -140,3 +144,37 @@ def compare_records(reference: dict, rebuild: dict, *, names: tuple[str, str] = 
         rows.append({"metric": metric, "reference": old, "rebuild": new, "relative_change": change,
                      "ok": abs(change) <= tolerance + 1e-12})
     return {"tolerance": tolerance, "rows": rows, "reproduced": all(r["ok"] for r in rows)}
+
+
+def part_digests(build: Path, parts: tuple[str, ...]) -> dict[str, str]:
+    """sha256 of every file under the build's ``parts`` (relative path -> hex digest), to prove them unchanged."""
+    digests = {}
+    for part in parts:
+        for path in sorted((build / part).rglob("*")) if (build / part).is_dir() else [build / part]:
+            if path.is_file():
+                digests[str(path.relative_to(build))] = hashlib.sha256(path.read_bytes()).hexdigest()
+    return digests
+
+
+def commit_parts(build: Path, staging: Path, parts: tuple[str, ...], record: dict) -> None:
+    """Move ``staging/<part>`` to ``build/<part>`` for each part (earlier ones moved aside first), then rewrite the
+    record atomically; on any failure the earlier parts and record are put back, so a reader sees the old build or
+    the new one, never a part of each."""
+    retired = Path(tempfile.mkdtemp(prefix=".retired.", dir=build))
+    moved: list[str] = []
+    try:
+        for part in parts:
+            if (build / part).exists():
+                os.replace(build / part, retired / part)
+            os.replace(staging / part, build / part)
+            moved.append(part)
+        write_record(build, record)
+    except BaseException:
+        for part in reversed(moved):
+            os.replace(build / part, staging / part)
+        for part in parts:
+            if (retired / part).exists() and not (build / part).exists():
+                os.replace(retired / part, build / part)
+        raise
+    finally:
+        shutil.rmtree(retired, ignore_errors=True)

@@ -1,4 +1,4 @@
-"""The ``specbench zoo`` command line: build, install, summary, list and synth of the reference
+"""The ``specbench zoo`` command line: build, eagle, install, summary, compare, list and synth of the reference
 models (``python -m specbench.zoo.cli`` runs it without installing the package)."""
 
 from __future__ import annotations
@@ -37,9 +37,26 @@ def headline(record: dict) -> str:
                          f"outputs match chain: {result['outputs_match_first']}")
     draft = record["draft"]
     lines.append(f"  draft   {draft['num_parameters']:,} params, top-1 agreement with target {draft['heldout_top1_agreement_with_target']:.3f}")
+    lines += eagle_headline(record.get("eagle"))
     lines.append("  sizes   " + ", ".join(f"{k} {v / 1e6:.2f} MB" for k, v in record["sizes_bytes"].items()))
     lines += [f"  check {name}: {'ok' if ok else 'FAILED'}" for name, ok in record["checks"].items()]
     return "\n".join(lines)
+
+
+def eagle_headline(section: dict | None) -> list[str]:
+    """The EAGLE stage's numbers: held-out agreement per depth and each measured setting."""
+    if not section:
+        return []
+    lines = []
+    for name in ("eagle", "eagle3"):
+        head = section[name]
+        lines.append(f"  {name:<7} {head['num_parameters']:,} params, held-out top-1 per depth "
+                     + "/".join(f"{x:.2f}" for x in head["heldout_top1_per_depth"]))
+    for name, result in section["acceptance"].items():
+        if isinstance(result, dict) and "mean_acceptance_length" in result:
+            lines.append(f"  measured {name}: acceptance {result['acceptance_rate']:.3f}, MAL "
+                         f"{result['mean_acceptance_length']:.2f}, lossless: {result['outputs_match_plain']}")
+    return lines
 
 
 def _default_device() -> str:
@@ -64,6 +81,26 @@ def cmd_build(args: argparse.Namespace) -> int:
             print(f"not installed: the build failed its checks; inspect {built}/build_record.json", file=sys.stderr)
             return 1
         print(f"installed into {install_build(built)}")
+    return 0 if record["passed"] else 1
+
+
+def cmd_eagle(args: argparse.Namespace) -> int:
+    from specbench.zoo.eagle_stage import SCALES as EAGLE_SCALES, add_eagle_heads, install_eagle_heads
+
+    build = find_build_dir(args.build_dir)
+    in_place = build.resolve() == (ARTIFACTS_DIR / BUILD_NAME).resolve()
+    if in_place and not args.install:
+        raise ValueError(f"{build} is the installed zoo (package data); pass --install to add the heads to it")
+    config = EAGLE_SCALES[args.scale] if args.scale else None
+    built, record = add_eagle_heads(build, config, data_dir=args.data_dir, device=args.device, overwrite=args.overwrite,
+                                    require_pass=in_place and not args.force, progress=not args.quiet)
+    print(headline(record))
+    print(f"wrote {built / 'eagle'} and {built / 'eagle3'}; updated {built / 'build_record.json'}")
+    if args.install and not in_place:
+        if not record["passed"] and not args.force:
+            print(f"not installed: the heads failed their checks; inspect {built}/build_record.json", file=sys.stderr)
+            return 1
+        print(f"installed into {install_eagle_heads(built, force=args.force)}")
     return 0 if record["passed"] else 1
 
 
@@ -107,7 +144,7 @@ def cmd_list(args: argparse.Namespace) -> int:
 def _add_zoo_commands(parser: argparse.ArgumentParser) -> None:
     commands = parser.add_subparsers(dest="zoo_command", required=True)
     build = commands.add_parser(
-        "build", help="train the GSM8K reference models (tokenizer, target, Medusa heads, trees, draft)",
+        "build", help="train the GSM8K reference models (tokenizer, target, Medusa heads, trees, draft, EAGLE heads)",
         description="Train and package specbench's GSM8K reference models into OUT_DIR/gsm8k-tiny/ with a build "
         f"record. Reads GSM8K JSONL from --data-dir or ${DATA_DIR_ENV}; never downloads.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
@@ -128,6 +165,32 @@ def _add_zoo_commands(parser: argparse.ArgumentParser) -> None:
     build.add_argument("--install", action="store_true", help=f"when the build passes its checks, install it into {ARTIFACTS_DIR}")
     build.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
     build.set_defaults(func=cmd_build)
+
+    eagle = commands.add_parser(
+        "eagle", help="train the EAGLE-1/2 and EAGLE-3 heads of a finished build and add them to it",
+        description="Self-distil EAGLE-1/2 and EAGLE-3 draft heads for BUILD_DIR's target: regenerate the build's "
+        "self-distillation prompts from its record (same seed and config), continue them greedily with the target, "
+        "train both heads on the target's features (EAGLE-1: feature regression + cross-entropy; EAGLE-3: fused "
+        "aux-layer features, a 1,024-token draft vocabulary, training-time test), write eagle/ and eagle3/ in the "
+        "published layouts, read them back with the strict loaders and measure acceptance on the build's evaluation "
+        "prompts (chain K=3, EAGLE-1 static tree, EAGLE-2 and EAGLE-3 dynamic trees, each checked token for token "
+        "against plain decoding). Everything is staged in a temporary directory, then renamed into BUILD_DIR with its "
+        "rewritten build_record.json; target/, medusa/, draft/ and trees/ are never written. About 20 minutes on 2 "
+        f"CPU cores at full scale. Reads GSM8K JSONL from --data-dir or ${DATA_DIR_ENV}; never downloads. On a CPU "
+        "shared with other jobs, run it with OMP_WAIT_POLICY=PASSIVE: spinning OpenMP threads slow small models' "
+        "steps by up to 50x there.",
+    )
+    eagle.add_argument("build_dir", help="a finished build: OUT_DIR, OUT_DIR/gsm8k-tiny, or the installed "
+                       f"{ARTIFACTS_DIR / BUILD_NAME} (with --install)")
+    eagle.add_argument("--data-dir", default=None, help=f"directory holding the build's gsm8k/train.jsonl and test.jsonl (default ${DATA_DIR_ENV})")
+    eagle.add_argument("--device", default=_default_device(), help=f"torch device for training and measurement (default {_default_device()})")
+    eagle.add_argument("--scale", choices=["full", "test"], default=None, help="the stage's size (default: the build's scale; test for custom builds)")
+    eagle.add_argument("--overwrite", action="store_true", help="retrain heads the build already has")
+    eagle.add_argument("--install", action="store_true", help="when the heads pass their checks, add eagle/, eagle3/ and "
+                       "the record to the installed build (its other files must be byte-identical to BUILD_DIR's)")
+    eagle.add_argument("--force", action="store_true", help="write or install heads that failed their checks")
+    eagle.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
+    eagle.set_defaults(func=cmd_eagle)
 
     install = commands.add_parser("install", help="copy a finished build into the package's zoo directory (atomically)")
     install.add_argument("build_dir", help="OUT_DIR of a build, or OUT_DIR/gsm8k-tiny")
@@ -158,15 +221,16 @@ def _add_zoo_commands(parser: argparse.ArgumentParser) -> None:
 
 
 def add_zoo_subcommand(subparsers) -> argparse.ArgumentParser:
-    """Add ``zoo {build,install,summary,list}`` to a CLI's subparsers; each sets ``func(args) -> int``."""
+    """Add ``zoo {build,eagle,install,summary,compare,list,synth}`` to a CLI's subparsers; each sets ``func(args) -> int``."""
     zoo = subparsers.add_parser("zoo", help="build, install and locate specbench's own reference models",
-                                description="specbench's own small GSM8K reference models (target, Medusa heads, trees, draft).")
+                                description="specbench's own small GSM8K reference models (target, Medusa heads, trees, "
+                                "draft, EAGLE-1/2 and EAGLE-3 heads).")
     _add_zoo_commands(zoo)
     return zoo
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m specbench.zoo.cli {build,install,summary,list} ...`` (the same as ``specbench zoo``)."""
+    """``python -m specbench.zoo.cli {build,eagle,install,summary,list} ...`` (the same as ``specbench zoo``)."""
     parser = argparse.ArgumentParser(prog="python -m specbench.zoo.cli", description=add_zoo_subcommand.__doc__)
     _add_zoo_commands(parser)
     args = parser.parse_args(argv)
