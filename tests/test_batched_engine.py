@@ -8,9 +8,9 @@ from __future__ import annotations
 import pytest
 import torch
 from scipy.stats import chisquare
-from torch import nn
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from _random_heads import random_heads as shared_random_heads
 from specbench.engine.batched_decode import BatchedDecoder
 from specbench.engine.batched_proposers import PerSlotProposer
 from specbench.proposers.batched import for_batch
@@ -18,7 +18,7 @@ from specbench.engine.batched_target import BatchedStaticTarget, SlotInput
 from specbench.engine.decode import Decoder, GenerationConfig
 from specbench.engine.sampling import SamplingParams
 from specbench.engine.static_target import StaticTarget
-from specbench.medusa.heads import MedusaHeads, MedusaHeadsConfig
+from specbench.medusa.heads import MedusaHeads
 from specbench.proposers.draft_model import DraftModelProposer
 from specbench.proposers.medusa import MedusaProposer
 from specbench.proposers.ngram import NgramProposer
@@ -39,12 +39,7 @@ def tiny_llama_model(vocab: int = VOCAB, seed: int = 0) -> LlamaForCausalLM:
 
 
 def random_heads(vocab: int = VOCAB, seed: int = 1) -> MedusaHeads:
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        heads = MedusaHeads(MedusaHeadsConfig(5, 1, HIDDEN, vocab, True))
-        for name, p in heads.named_parameters():
-            nn.init.normal_(p, std=0.5 if name.endswith("bias") else 0.2)
-    return heads
+    return shared_random_heads(HIDDEN, vocab, seed)
 
 
 @pytest.fixture(scope="module")

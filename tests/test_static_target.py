@@ -9,13 +9,14 @@ from torch import nn
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
+from _random_heads import random_heads as shared_random_heads
 from specbench.checkpoints.resolve import load_target_model, resolve_model_dir
 from specbench.engine.decode import Decoder, GenerationConfig
 from specbench.engine.draft import Draft
 from specbench.engine.hf_target import HFTarget
 from specbench.engine.static_llama import StaticLlamaForCausalLM, LlamaShape, UnsupportedModel
 from specbench.engine.static_target import StaticTarget
-from specbench.medusa.heads import MedusaHeads, MedusaHeadsConfig
+from specbench.medusa.heads import MedusaHeads
 from specbench.proposers.medusa import MedusaProposer
 from specbench.proposers.ngram import NgramProposer
 from _prompts import random_prompt, repetitive_prompt
@@ -62,12 +63,7 @@ def pair(request):
 
 
 def random_heads(seed: int = 1) -> MedusaHeads:
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        heads = MedusaHeads(MedusaHeadsConfig(5, 1, HIDDEN, VOCAB, True))
-        for name, p in heads.named_parameters():
-            nn.init.normal_(p, std=0.5 if name.endswith("bias") else 0.2)
-    return heads
+    return shared_random_heads(HIDDEN, VOCAB, seed)
 
 
 def random_tree(gen: torch.Generator, nodes: int) -> Draft:
