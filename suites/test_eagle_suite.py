@@ -1,6 +1,6 @@
 """EAGLE suite: the reference target drafted by its own EAGLE-1/2 and EAGLE-3 heads (chain, static tree, dynamic
 tree), acceptance, lossless decoding and latency per case, gated against baselines/eagle.json (CPU tier; CUDA
-twins with -m large_gpu)."""
+twins with -m large_gpu). Named test_eagle_suite: tests/test_eagle.py holds the EAGLE unit tests."""
 
 from __future__ import annotations
 
