@@ -24,7 +24,7 @@ REFERENCES: dict[str, str] = {
     "specbench-ref/gsm8k-tiny-medusa": "medusa",
     "specbench-ref/gsm8k-tiny-draft": "draft",
     "specbench-ref/gsm8k-tiny-eagle": "eagle",  # EAGLE-1/2 head (specbench zoo eagle)
-    "specbench-ref/gsm8k-tiny-eagle3": "eagle3",  # EAGLE-3 head, 1,024-token draft vocabulary
+    "specbench-ref/gsm8k-tiny-eagle3": "eagle3",  # EAGLE-3 head, 1,536-token draft vocabulary
     "gsm8k-tiny-63": "trees/gsm8k-tiny-63.json",
     "gsm8k-tiny-15": "trees/gsm8k-tiny-15.json",
 }

@@ -1,15 +1,4 @@
-"""EAGLE-1/2 draft-head training by self-distillation on a frozen target's own greedy outputs (docs/zoo.md#eagle-heads).
-
-Data: sequences (a prompt and the target's greedy continuation through its EOS) with the target's features at
-every position, exactly what the proposer reads at inference (docs/eagle.md#draft-forward): ``final[t]`` the
-decoder's last hidden state (after its final norm) at position t, ``aux[t]`` the residual streams entering the
-EAGLE-3 aux layers. Draft position i reads token i + 1 and feature i and is trained from the last prompt token on.
-
-Training-time test (``unroll`` > 1, EAGLE-3's recipe, optional here): unroll step j of root position i is the
-chain node at depth j: it reads token i + 1 + j and, as its feature, its parent's output (step j - 1 at position
-i), sits at rotary position i + j, attends to step 0's keys at positions <= i and to its own chain's keys at
-position i, and predicts position i + 1 + j's feature and next-token distribution.
-"""
+"""EAGLE-1/2 draft-head training by self-distillation on a frozen target's own greedy outputs (docs/zoo.md#eagle-heads)."""
 
 from __future__ import annotations
 

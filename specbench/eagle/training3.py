@@ -1,10 +1,4 @@
-"""EAGLE-3 draft-head training: fused aux-layer features, its own lm_head over a reduced draft vocabulary, training-time test (docs/zoo.md#eagle-heads).
-
-The loss is EAGLE-3's: at every unroll step, cross-entropy of the head's draft-vocabulary distribution against the
-target's distribution restricted to the draft vocabulary, at positions whose target token is in it; step j weighs
-``unroll_decay ** j``. Step 0 reads ``fc`` of the target's aux features; step j reads step j - 1's output (the
-unrolled attention and the data layout are specbench.eagle.training's).
-"""
+"""EAGLE-3 draft-head training over a reduced draft vocabulary, with training-time test (docs/zoo.md#eagle-heads)."""
 
 from __future__ import annotations
 

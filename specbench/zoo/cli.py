@@ -47,7 +47,8 @@ def eagle_headline(section: dict | None) -> list[str]:
     """The EAGLE stage's numbers: held-out agreement per depth and each measured setting."""
     if not section:
         return []
-    lines = []
+    lines = [f"  eagle stage on {section['device']}: {section['wall_time_s']['total']:.0f} s, "
+             f"{section['data']['num_sequences']:,} self-distilled sequences"]
     for name in ("eagle", "eagle3"):
         head = section[name]
         lines.append(f"  {name:<7} {head['num_parameters']:,} params, held-out top-1 per depth "
@@ -171,7 +172,7 @@ def _add_zoo_commands(parser: argparse.ArgumentParser) -> None:
         description="Self-distil EAGLE-1/2 and EAGLE-3 draft heads for BUILD_DIR's target: regenerate the build's "
         "self-distillation prompts from its record (same seed and config), continue them greedily with the target, "
         "train both heads on the target's features (EAGLE-1: feature regression + cross-entropy; EAGLE-3: fused "
-        "aux-layer features, a 1,024-token draft vocabulary, training-time test), write eagle/ and eagle3/ in the "
+        "aux-layer features, a 1,536-token draft vocabulary, training-time test), write eagle/ and eagle3/ in the "
         "published layouts, read them back with the strict loaders and measure acceptance on the build's evaluation "
         "prompts (chain K=3, EAGLE-1 static tree, EAGLE-2 and EAGLE-3 dynamic trees, each checked token for token "
         "against plain decoding). Everything is staged in a temporary directory, then renamed into BUILD_DIR with its "
