@@ -10,13 +10,15 @@
 #   static     only the static-engine cases (reference and synthetic), stored as baselines
 #   speed-cases  the GPU-bound speed suite (synthetic 7B and 1B on the static engine, repeats, 5% speed
 #              tolerances; `specbench zoo synth --shape 1b` into SPECBENCH_SYNTH_1B_DIR first), stored as baselines
-#   all        the three in turn
+#   eagle      the EAGLE and draft-model suites' CUDA twins (reference target and its shipped heads), stored as
+#              baselines
+#   all        reference, synth, speed and speed-cases in turn
 # usage: bash bench/gpu_tier.sh OUT_DIR [STAGE...]     (from the repository root; default stage: all)
 # Logs, results (.jsonl), junit XML, the updated baselines/*.json and speed_7b.json land in OUT_DIR.
 # Env: SPECBENCH_DATA_DIR (default ./.data: gsm8k/, medusa_trees/), SPECBENCH_SYNTH_DIR (default
 # /tmp/specbench-synth-7b), PYTHON. Needs torch, transformers, pytest, pytest-benchmark, pandas; not `datasets`.
 set -euo pipefail
-out_dir=${1:?usage: bash bench/gpu_tier.sh OUT_DIR [reference|synth|speed|static|speed-cases|all ...]}
+out_dir=${1:?usage: bash bench/gpu_tier.sh OUT_DIR [reference|synth|speed|static|eagle|speed-cases|all ...]}
 shift
 stages=("${@:-all}")
 [[ " ${stages[*]} " == *" all "* ]] && stages=(reference synth speed speed-cases)
@@ -59,10 +61,11 @@ for stage in "${stages[@]}"; do
         reference) suites reference "not synth" ;;
         synth) synthesize && suites synth "synth" ;;
         static) synthesize && suite_files=(suites/test_medusa.py suites/test_ngram.py) && suites static "static" ;;
+        eagle) suite_files=(suites/test_eagle_suite.py suites/test_draft.py) && suites eagle "cuda" ;;
         speed-cases) synthesize && synthesize_1b && suite_files=(suites/test_speed.py) && suites speed_cases "synth" ;;
         speed) synthesize && synthesize_1b && { "$python" bench/speed_7b.py "$SPECBENCH_SYNTH_DIR" "$out_dir" \
                    --draft-dir "$SPECBENCH_SYNTH_1B_DIR" 2>&1 | tee "$out_dir/speed_7b.log" || status=$?; } ;;
-        *) echo "gpu_tier.sh: unknown stage '$stage' (reference, synth, speed, static, speed-cases, all)" >&2; exit 2 ;;
+        *) echo "gpu_tier.sh: unknown stage '$stage' (reference, synth, speed, static, eagle, speed-cases, all)" >&2; exit 2 ;;
     esac
 done
 exit "$status"
