@@ -1,4 +1,5 @@
-"""EAGLE-3 draft heads to and from the published layout (config.json + pytorch_model.bin or model.safetensors),
+"""EAGLE-3 draft heads to and from the published layouts (config.json + pytorch_model.bin or model.safetensors):
+SafeAILab's (``midlayer.*``) and the one vLLM loads (speculators' config.json, ``layers.0.*``; layout_speculators.py),
 read strictly: every refusal is one Eagle3CheckpointError naming the file and the key (docs/eagle.md#eagle-3)."""
 
 from __future__ import annotations
@@ -16,9 +17,10 @@ from specbench.checkpoints.tensor_files import CheckpointError, open_tensor_file
 from specbench.checkpoints.validate import check_finite, read_json_object
 from specbench.eagle.checkpoint import (EagleCheckpointError, _field, _find_weights_file, _staged_directory, check_target_fit,
                                         read_eagle_config)
-from specbench.eagle.eagle3 import NUM_AUX_LAYERS, Eagle3Config, Eagle3Head
+from specbench.eagle.eagle3 import NUM_AUX_LAYERS, Eagle3Config, Eagle3Head, eagle3_aux_layers
 
 VOCAB_MAP_KEYS = ("d2t", "t2d")
+LAYOUTS = ("safeailab", "speculators")
 _REDO = "re-download the EAGLE-3 draft head or re-export it"
 
 
@@ -27,7 +29,8 @@ class Eagle3CheckpointError(EagleCheckpointError):
 
 
 def read_eagle3_config(file: Path) -> Eagle3Config:
-    """The Eagle3Config a draft head's config.json describes (the EAGLE-1/2 fields, plus ``draft_vocab_size``)."""
+    """The Eagle3Config a flat (SafeAILab) config.json describes: the EAGLE-1/2 fields, plus ``draft_vocab_size``
+    and ``norm_before_residual`` (default false)."""
     raw = read_json_object(file)
     layers = raw.get("num_hidden_layers", 1)
     if layers != 1:
@@ -47,14 +50,19 @@ def read_eagle3_config(file: Path) -> Eagle3Config:
             f"{file}: target_hidden_size = {target_hidden!r} differs from hidden_size = {base.hidden_size}; heads whose "
             "fc reads a target of another width are not supported"
         )
-    return Eagle3Config.from_eagle(base, draft_vocab)
+    aux = raw.get("eagle_config") or {}
+    if isinstance(aux, dict) and aux.get("use_aux_hidden_state", True) is not True:
+        raise Eagle3CheckpointError(f"{file}: eagle_config.use_aux_hidden_state = {aux['use_aux_hidden_state']!r}; an "
+                                    "EAGLE-3 head fuses three target layers through fc")
+    return Eagle3Config.from_eagle(base, draft_vocab, _field(raw, "norm_before_residual", file, bool, False))
 
 
-def expected_shapes3(config: Eagle3Config) -> dict[str, tuple[int, ...]]:
-    """Every float key an EAGLE-3 weights file must hold, with its shape (``d2t``/``t2d`` are checked apart)."""
+def expected_shapes3(config: Eagle3Config, layout: str = "safeailab") -> dict[str, tuple[int, ...]]:
+    """Every float key an EAGLE-3 weights file of ``layout`` must hold, with its shape (``d2t``/``t2d`` and the
+    speculators layout's optional ``embed_tokens.weight`` are checked apart)."""
     h, i, d = config.hidden_size, config.intermediate_size, config.head_dim
     q, kv = config.num_attention_heads * d, config.num_key_value_heads * d
-    return {
+    shapes = {
         "fc.weight": (h, NUM_AUX_LAYERS * h),
         "midlayer.input_layernorm.weight": (h,),
         "midlayer.hidden_norm.weight": (h,),
@@ -69,24 +77,47 @@ def expected_shapes3(config: Eagle3Config) -> dict[str, tuple[int, ...]]:
         "norm.weight": (h,),
         "lm_head.weight": (config.draft_vocab_size, h),
     }
+    if layout == "safeailab":
+        return shapes
+    from specbench.eagle.layout_speculators import to_file_key
+
+    return {to_file_key(key): shape for key, shape in shapes.items()}
 
 
-def _check_keys(weights_file: Path, keys: list[str], config: Eagle3Config) -> None:
-    expected = expected_shapes3(config)
+def _optional_keys(layout: str) -> set[str]:
+    return set(VOCAB_MAP_KEYS) | ({"embed_tokens.weight"} if layout == "speculators" else set())
+
+
+def _unexpected_hint(key: str, layout: str) -> str:
+    if key == "embed_tokens.weight":
+        return "; SafeAILab EAGLE-3 drafts embed through the target's embedding (only the speculators layout ships one)"
+    if key == "mask_hidden":
+        return "; a parallel-drafting (P-EAGLE) head, which specbench does not run"
+    if key.startswith(("input_norm.", "fc_norm.")):
+        return "; a norm before fc (norm_before_fc / fc_norm, EAGLE-3.1), which Eagle3Head does not have"
+    if key.startswith("layers.") and not key.startswith("layers.0."):
+        return "; a second decoder layer: Eagle3Head has one"
+    if key.startswith(("layers.0.", "midlayer.")):
+        return f"; the {layout} layout names the layer {'midlayer' if layout == 'safeailab' else 'layers.0'}.*"
+    return ""
+
+
+def _check_keys(weights_file: Path, keys: list[str], config: Eagle3Config, layout: str = "safeailab") -> None:
+    expected = expected_shapes3(config, layout)
     missing = sorted(set(expected) - set(keys))
     if missing:
         more = f" (and {len(missing) - 1} more: {missing[1:4]})" if len(missing) > 1 else ""
         raise Eagle3CheckpointError(
-            f"{weights_file}: key {missing[0]!r} is missing{more}; an EAGLE-3 head needs {sorted(expected)}; the file is "
-            f"incomplete or another layout (an EAGLE-1/2 head has layers.0.*): {_REDO}"
+            f"{weights_file}: key {missing[0]!r} is missing{more}; an EAGLE-3 head in the {layout} layout needs "
+            f"{sorted(expected)}; the file is incomplete or another layout (an EAGLE-1/2 head has layers.0.* without "
+            f"hidden_norm and no lm_head): {_REDO}"
         )
-    unexpected = sorted(set(keys) - set(expected) - set(VOCAB_MAP_KEYS))
+    unexpected = sorted(set(keys) - set(expected) - _optional_keys(layout))
     if unexpected:
-        hint = "; EAGLE-3 drafts embed through the target's embedding" if unexpected[0] == "embed_tokens.weight" else ""
         more = f" (and {len(unexpected) - 1} more)" if len(unexpected) > 1 else ""
         raise Eagle3CheckpointError(
-            f"{weights_file}: unexpected key {unexpected[0]!r}{more}{hint}; an EAGLE-3 head holds only "
-            f"{sorted(set(expected) | set(VOCAB_MAP_KEYS))}"
+            f"{weights_file}: unexpected key {unexpected[0]!r}{more}{_unexpected_hint(unexpected[0], layout)}; an "
+            f"EAGLE-3 head in the {layout} layout holds only {sorted(set(expected) | _optional_keys(layout))}"
         )
     if "t2d" in keys and "d2t" not in keys:
         raise Eagle3CheckpointError(f"{weights_file}: key 't2d' is present without 'd2t'; {_REDO}")
@@ -97,8 +128,11 @@ def _check_keys(weights_file: Path, keys: list[str], config: Eagle3Config) -> No
         )
 
 
-def _check_tensors(weights_file: Path, config_file: Path, tensors: dict[str, Any], config: Eagle3Config) -> None:
-    expected = expected_shapes3(config)
+def _check_tensors(weights_file: Path, config_file: Path, tensors: dict[str, Any], config: Eagle3Config,
+                   layout: str = "safeailab") -> None:
+    expected = expected_shapes3(config, layout)
+    if "embed_tokens.weight" in tensors:
+        expected["embed_tokens.weight"] = (config.vocab_size, config.hidden_size)
     for key in sorted(expected):
         tensor = tensors[key]
         if not isinstance(tensor, torch.Tensor) or not tensor.is_floating_point():
@@ -155,31 +189,42 @@ def load_eagle3_head(
     dtype: torch.dtype | None = None,
     device: str | torch.device = "cpu",
     allow_download: bool | None = None,
+    target_num_layers: int | None = None,
 ) -> Eagle3Head:
-    """An Eagle3Head (prepared, eval, no grad) from a draft-head directory or hub id, checked against the target's
-    hidden and vocabulary sizes; ``dtype`` casts every float tensor (None: ``fc.weight``'s dtype)."""
+    """An Eagle3Head (prepared, eval, no grad) from a draft-head directory or hub id in either layout (a
+    speculators config.json, or ``layers.0.*`` keys, selects the vLLM one), checked against the target's hidden and
+    vocabulary sizes (and, given ``target_num_layers``, a speculators head's aux layers); ``dtype`` casts every
+    float tensor (None: ``fc.weight``'s dtype)."""
     directory = resolve_model_dir(ref, allow_download=allow_download)
     try:
-        return _load(directory, target_hidden_size, target_vocab_size, dtype, device)
+        return _load(directory, target_hidden_size, target_vocab_size, dtype, device, target_num_layers)
     except Eagle3CheckpointError:
         raise
     except CheckpointError as error:  # EAGLE-1/2 config reader's and the shared readers': one class here
         raise Eagle3CheckpointError(str(error)) from None
 
 
-def _load(directory: Path, target_hidden_size: int, target_vocab_size: int, dtype, device) -> Eagle3Head:
+def _load(directory: Path, target_hidden_size: int, target_vocab_size: int, dtype, device,
+          target_num_layers: int | None = None) -> Eagle3Head:
+    from specbench.eagle import layout_speculators as speculators  # lazily: it imports this module
+
     config_file = directory / "config.json"
     if not config_file.is_file():
-        raise Eagle3CheckpointError(f"{directory}: no config.json; an EAGLE-3 head ships a one-layer Llama config.json")
-    config = read_eagle3_config(config_file)
+        raise Eagle3CheckpointError(f"{directory}: no config.json; an EAGLE-3 head ships a one-layer Llama config.json "
+                                    "or a speculators config.json")
+    raw = read_json_object(config_file)
+    marked = speculators.is_speculators_config(raw)
+    config = (speculators.read_speculators_config(config_file, raw, target_num_layers) if marked
+              else read_eagle3_config(config_file))
     check_target_fit(config_file, config, target_hidden_size, target_vocab_size, Eagle3CheckpointError,
                      "this EAGLE-3 head", "the head")
     weights_file = _find_weights_file(directory)
     keys, read = open_tensor_file(weights_file)
-    _check_keys(weights_file, keys, config)
+    layout = "speculators" if marked or speculators.uses_layer_names(keys) else "safeailab"
+    _check_keys(weights_file, keys, config, layout)
     tensors = read(sorted(keys))
-    _check_tensors(weights_file, config_file, tensors, config)
-    floats = sorted(expected_shapes3(config))
+    _check_tensors(weights_file, config_file, tensors, config, layout)
+    floats = sorted(expected_shapes3(config, layout)) + (["embed_tokens.weight"] if "embed_tokens.weight" in tensors else [])
     fix = "the head is corrupt or diverged in training: re-download it, or re-train and re-export it"
     check_finite(((key, tensors[key]) for key in floats), str(weights_file), "key", fix)
     dtype = tensors["fc.weight"].dtype if dtype is None else dtype
@@ -191,8 +236,10 @@ def _load(directory: Path, target_hidden_size: int, target_vocab_size: int, dtyp
     if with_map:
         cast["d2t"] = tensors["d2t"].to(device)
         cast["t2d"] = tensors["t2d"].to(device) if "t2d" in tensors else _t2d(tensors["d2t"], config.vocab_size).to(device)
+    if layout == "speculators":
+        cast = {speculators.to_head_key(key): tensor for key, tensor in cast.items()}
     with torch.device("meta"):  # the real tensors are assigned, not copied into random ones
-        head = Eagle3Head(config, with_vocab_map=with_map)
+        head = Eagle3Head(config, with_vocab_map=with_map, with_embed="embed_tokens.weight" in cast)
     head.load_state_dict(cast, strict=True, assign=True)
     return head.prepare()
 
@@ -207,23 +254,46 @@ def save_eagle3_head(
     out_dir: str | os.PathLike,
     head: Eagle3Head,
     *,
-    format: Literal["bin", "safetensors"] = "bin",
+    format: Literal["bin", "safetensors"] | None = None,
     with_vocab_map: bool = True,
+    layout: Literal["safeailab", "speculators"] = "safeailab",
+    target_num_layers: int | None = None,
+    verifier: str | None = None,
 ) -> Path:
-    """Write ``head`` in the published layout under exactly the published key names; ``with_vocab_map=False``
-    leaves out ``d2t``/``t2d`` (only for a draft vocabulary equal to the target's). Atomic, as save_eagle_head."""
+    """Write ``head`` in ``layout`` under exactly its key names: SafeAILab's (``midlayer.*``; pytorch_model.bin by
+    default) or the speculators one vLLM loads (``layers.0.*``, ``embed_tokens.weight`` when the head has its own,
+    speculators' config.json with ``eagle_aux_hidden_state_layer_ids`` from ``target_num_layers`` and the
+    ``verifier`` name; model.safetensors by default). ``with_vocab_map=False`` leaves out ``d2t``/``t2d`` (only for
+    a draft vocabulary equal to the target's). Float tensors keep the head's dtype, ``d2t`` is int64, ``t2d`` bool.
+    Atomic, as save_eagle_head."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout={layout!r}; expected one of {LAYOUTS}")
+    format = format or ("bin" if layout == "safeailab" else "safetensors")
     if format not in ("bin", "safetensors"):
         raise ValueError(f"format={format!r}; expected 'bin' or 'safetensors'")
     config = head.config
     if not with_vocab_map and config.draft_vocab_size != config.vocab_size:
         raise ValueError(f"draft_vocab_size {config.draft_vocab_size} < vocab_size {config.vocab_size}: d2t is needed")
+    if layout == "safeailab" and head.embed_tokens is not None:
+        raise ValueError("this head has its own embed_tokens, which the SafeAILab layout cannot hold; "
+                         "write it with layout='speculators'")
     state = head.state_dict()
+    names = {key: key for key in expected_shapes3(config)}  # file key -> head key
+    if layout == "speculators":
+        from specbench.eagle.layout_speculators import speculators_config_json, to_file_key
+
+        names = {to_file_key(key): key for key in [*names, *(["embed_tokens.weight"] if head.embed_tokens is not None else [])]}
     # clone: fused q/k/v and gate/up are views of one tensor, and safetensors refuses shared storage
-    tensors = {key: state[key].detach().to("cpu").contiguous().clone() for key in sorted(expected_shapes3(config))}
+    tensors = {key: state[names[key]].detach().to("cpu").contiguous().clone() for key in sorted(names)}
     if with_vocab_map:
         d2t = head.d2t.cpu() if head.d2t is not None else torch.zeros(config.draft_vocab_size, dtype=torch.long)
-        tensors.update(d2t=d2t.clone(), t2d=_t2d(d2t, config.vocab_size))
-    raw = {**config.to_json(), "torch_dtype": str(tensors["fc.weight"].dtype).removeprefix("torch.")}
+        tensors.update(d2t=d2t.clone().long(), t2d=_t2d(d2t, config.vocab_size))
+    dtype = str(tensors["fc.weight"].dtype).removeprefix("torch.")
+    if layout == "speculators":
+        aux = list(eagle3_aux_layers(target_num_layers)) if target_num_layers is not None else None
+        raw = speculators_config_json(config, dtype=dtype, aux_layers=aux, verifier=verifier)
+    else:
+        raw = {**config.to_json(), "torch_dtype": dtype}
     out_dir = Path(out_dir)
     with _staged_directory(out_dir) as staging:
         (staging / "config.json").write_text(json.dumps(raw, indent=2, sort_keys=True) + "\n", encoding="utf-8")

@@ -30,6 +30,7 @@ class Eagle3Config(EagleConfig):
     """EagleConfig plus the draft vocabulary; ``bias`` is always False (EAGLE-3's fc has none)."""
 
     draft_vocab_size: int = 0  # 0: the target's vocab_size
+    norm_before_residual: bool = False  # the residual is hidden_norm(hidden), not hidden (speculators' flag)
 
     def __post_init__(self):
         if not self.draft_vocab_size:
@@ -37,19 +38,22 @@ class Eagle3Config(EagleConfig):
         object.__setattr__(self, "bias", False)
 
     @classmethod
-    def from_eagle(cls, config: EagleConfig, draft_vocab_size: int = 0) -> "Eagle3Config":
-        return cls(**{**asdict(config), "draft_vocab_size": draft_vocab_size})
+    def from_eagle(cls, config: EagleConfig, draft_vocab_size: int = 0, norm_before_residual: bool = False) -> "Eagle3Config":
+        return cls(**{**asdict(config), "draft_vocab_size": draft_vocab_size, "norm_before_residual": norm_before_residual})
 
     def to_json(self) -> dict:
         raw = {k: v for k, v in super().to_json().items() if k != "bias"}
-        return {**raw, "architectures": ["LlamaForCausalLMEagle3"], "draft_vocab_size": self.draft_vocab_size}
+        raw = {**raw, "architectures": ["LlamaForCausalLMEagle3"], "draft_vocab_size": self.draft_vocab_size}
+        return {**raw, "norm_before_residual": True} if self.norm_before_residual else raw
 
 
 class Eagle3DecoderLayer(EagleDecoderLayer):
-    """EAGLE-3's ``midlayer``: q/k/v read ``cat(input_layernorm(embed), hidden_norm(hidden))`` (2H wide)."""
+    """EAGLE-3's ``midlayer``: q/k/v read ``cat(input_layernorm(embed), hidden_norm(hidden))`` (2H wide); the
+    residual is ``hidden``, or ``hidden_norm(hidden)`` with ``norm_before_residual``."""
 
-    def __init__(self, shape: LlamaShape):
+    def __init__(self, shape: LlamaShape, *, norm_before_residual: bool = False):
         super().__init__(shape)
+        self.norm_before_residual = norm_before_residual
         attn, wide = self.self_attn, 2 * shape.hidden_size
         attn.q_proj = nn.Linear(wide, shape.num_heads * shape.head_dim, bias=False)
         attn.k_proj = nn.Linear(wide, shape.num_kv_heads * shape.head_dim, bias=False)
@@ -60,27 +64,28 @@ class Eagle3DecoderLayer(EagleDecoderLayer):
     def forward(self, embeds, hidden, cos, sin, kv, slots, bias) -> torch.Tensor:
         """``embeds``, ``hidden`` (W, H); the residual is ``hidden`` (fc's output or the parent's draft output)."""
         emb_norm, hid_norm = self.input_layernorm, self.hidden_norm
-        x = torch.cat([EAGER_OPS.rms_norm(embeds, emb_norm.weight, emb_norm.eps),
-                       EAGER_OPS.rms_norm(hidden, hid_norm.weight, hid_norm.eps)], dim=-1)  # (W, 2H): embedding first
+        normed_hidden = EAGER_OPS.rms_norm(hidden, hid_norm.weight, hid_norm.eps)  # (W, H)
+        x = torch.cat([EAGER_OPS.rms_norm(embeds, emb_norm.weight, emb_norm.eps), normed_hidden], dim=-1)  # (W, 2H)
         attn = self.self_attn(x, cos, sin, kv, slots, bias, EAGER_OPS)  # (W, H)
         post = self.post_attention_layernorm
-        h, normed = EAGER_OPS.add_rms_norm(hidden, attn, post.weight, post.eps)  # (W, H) each
+        residual = normed_hidden if self.norm_before_residual else hidden
+        h, normed = EAGER_OPS.add_rms_norm(residual, attn, post.weight, post.eps)  # (W, H) each
         return h + self.mlp(normed, EAGER_OPS)  # (W, H): pre-norm, fed back as the next depth's hidden
 
 
 class Eagle3Head(EagleHead):
     """Parameter and buffer names are the published keys (``fc``, ``midlayer.*``, ``norm``, ``lm_head``, ``d2t``,
-    ``t2d``); no embed_tokens (the target's serves). The cache methods are EagleHead's."""
+    ``t2d``); ``embed_tokens`` is None (the target's embedding serves) unless ``with_embed`` (a vLLM/speculators
+    head shipping its own). The cache methods are EagleHead's."""
 
-    embed_tokens = None  # always the target's embedding
-
-    def __init__(self, config: Eagle3Config, *, with_vocab_map: bool = True):
+    def __init__(self, config: Eagle3Config, *, with_vocab_map: bool = True, with_embed: bool = False):
         nn.Module.__init__(self)  # not EagleHead.__init__: the layer, fc and norms differ
         self.config = config
         self.shape = config.shape()
         hidden = config.hidden_size
+        self.embed_tokens = nn.Embedding(config.vocab_size, hidden) if with_embed else None
         self.fc = nn.Linear(NUM_AUX_LAYERS * hidden, hidden, bias=False)
-        self.midlayer = Eagle3DecoderLayer(self.shape)
+        self.midlayer = Eagle3DecoderLayer(self.shape, norm_before_residual=config.norm_before_residual)
         self.norm = RMSNorm(hidden, config.rms_norm_eps)
         self.lm_head = nn.Linear(hidden, config.draft_vocab_size, bias=False)
         if with_vocab_map:  # target id = draft id + d2t[draft id]; t2d marks the target ids drafted

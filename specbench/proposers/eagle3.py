@@ -70,7 +70,8 @@ class Eagle3Proposer(EagleProposer):
             from specbench.eagle.checkpoint3 import load_eagle3_head  # checkpoint formats load only when asked for
 
             head = load_eagle3_head(path, target_hidden_size=hidden, target_vocab_size=target.vocab_size,
-                                    dtype=target.dtype, device=target.device)
+                                    dtype=target.dtype, device=target.device,
+                                    target_num_layers=target_num_layers(target))
         elif head.config.hidden_size != hidden or head.config.vocab_size != target.vocab_size:
             raise ValueError(
                 f"the EAGLE-3 head has hidden_size {head.config.hidden_size} and vocab_size {head.config.vocab_size}; "
