@@ -143,7 +143,8 @@ def run_batched_case(case: Case, *, progress: bool = True, target=None, tokenize
                                   checked=config.sampling.rule == "greedy")
     details = {
         "proposer": batched_proposer.describe() if batched_proposer else {"name": "none"}, "prompts": prompt_source,
-        "engine": {"name": case.engine, "batched": True, "capture_seconds": 0.0},
+        "engine": {"name": case.engine, "batched": True, "capture_seconds": target.capture_seconds,
+                   "cuda_graphs": target.cuda_graphs},
         "batch": {"batch_size": case.batch_size, "num_steps": stats.num_steps, "num_refills": stats.num_refills,
                   "mean_active_slots": (sum(stats.active_per_step) / len(stats.active_per_step)
                                         if stats.active_per_step else math.nan)},

@@ -7,6 +7,14 @@ import os
 import torch
 
 
+def host_to_device(values: list, device: torch.device) -> torch.Tensor:
+    """An int64 tensor of ``values`` (nested lists) on ``device`` without a stream sync: on CUDA staged in pinned
+    memory and copied asynchronously (the caching host allocator keeps the staging block until the copy ran)."""
+    if device.type != "cuda":
+        return torch.tensor(values, dtype=torch.long, device=device)
+    return torch.tensor(values, dtype=torch.long, pin_memory=True).to(device, non_blocking=True)
+
+
 def cache_bytes(batch_size: int, num_layers: int, num_kv_heads: int, capacity: int, head_dim: int, dtype: torch.dtype) -> int:
     """Bytes of a batched static cache: B x layers x 2 (K, V) x kv_heads x head_dim x capacity x dtype bytes."""
     return batch_size * num_layers * 2 * num_kv_heads * head_dim * capacity * torch.empty((), dtype=dtype).element_size()
@@ -76,7 +84,7 @@ class BatchedKVCache:
 
     def advance(self, counts: list[int]) -> None:
         """Advance every slot's length by its own ``counts[b]`` (0 for idle slots), in one device op."""
-        self.lengths.add_(torch.tensor(counts, dtype=torch.long).to(self.lengths.device))
+        self.lengths.add_(host_to_device(counts, self.lengths.device))  # (B,)
         self.host_lengths = [n + c for n, c in zip(self.host_lengths, counts)]
 
     def new_slots(self, width: int) -> torch.Tensor:

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from specbench.engine.batched_cache import host_to_device
 from specbench.engine.batched_proposers import BatchedProposer
 from specbench.engine.batched_target import BatchedStaticTarget, SlotInput
 from specbench.engine.decode import GenerationConfig, GenerationResult, _synchronize, verify_step
@@ -166,18 +167,23 @@ class BatchedDecoder:
         """Propose for every active slot, verify all slots in one forward, verify and commit each slot."""
         drafts = self._propose(slots, active)
         inputs: list[SlotInput | None] = [None] * len(slots)
-        verify_ids = {}
+        nodes = {}  # slot -> its verify input's node count
         for b in active:
             state, draft = slots[b], drafts[b]
-            ids = torch.cat([state.tokens[state.length - 1: state.length], draft.tokens.to(state.tokens.device)])  # (N + 1,)
-            verify_ids[b] = ids
+            if draft.tokens.device.type == "cpu":  # plain, n-gram, scripted: the whole input is host-known
+                # the root is the last emitted token (tokens[length - 1] of an active slot): no device read
+                ids = torch.tensor([state.emitted[-1], *draft.tokens.tolist()], dtype=torch.long)  # (N + 1,)
+            else:
+                ids = torch.cat([state.tokens[state.length - 1: state.length], draft.tokens.to(state.tokens.device)])  # (N + 1,)
+            nodes[b] = ids.numel()
             inputs[b] = SlotInput(ids, draft.depths(), None if draft.is_chain else draft.tree_mask())
         out = self.target.verify(inputs)  # logits (B, W, V), hidden (B, W, H)
+        step_ids = self.target.verified_ids()  # (B, W) the verify input on the device
         paths: list[list[int] | None] = [None] * len(slots)
         emitted = {}
         for b in active:
-            n = verify_ids[b].numel()
-            paths[b], emitted[b] = verify_step(drafts[b], verify_ids[b], out.logits[b, :n], self.config.sampling,
+            n = nodes[b]
+            paths[b], emitted[b] = verify_step(drafts[b], step_ids[b, :n], out.logits[b, :n], self.config.sampling,
                                                  slots[b].generator)
         self.target.commit(paths)
         self.stats.num_steps += 1
@@ -209,7 +215,7 @@ class BatchedDecoder:
         if state.features is not None:  # the accepted path's hidden states predicted the tokens emitted now
             source = out.aux_hidden_states if out.aux_hidden_states is not None else out.hidden_states
             state.features[state.length - 1: end - 1] = source[b, path]
-        state.tokens[state.length: end] = torch.tensor(new, dtype=torch.long)
+        state.tokens[state.length: end].copy_(host_to_device(new, state.tokens.device))  # no stream sync
         state.length = end
         eos = () if self.config.ignore_eos else self.config.eos_token_ids
         for token in new:

@@ -5,8 +5,9 @@ A verify step scores ``(B, W)`` nodes at the step kind's fixed width W (plain 1,
 nodes + 1): slot b's nodes go right after its own committed entries and attend to them plus its own
 draft (causal for a chain, its tree mask for a tree); padding and idle slots are written beyond the
 committed lengths and never attended to by a real node. ``commit`` keeps a ragged number of accepted
-nodes per slot. Shapes are fixed per step kind, so the steps can be captured as CUDA graphs later
-(docs/batching.md); this module runs them eagerly.
+nodes per slot. Shapes are fixed per step kind, so each (kind, width) forward is captured once as a
+CUDA graph at the engine's B and replayed (engine/graph_capture.py, docs/batching.md); the inputs are
+packed on the host and copied into the graph's static buffers before each replay.
 """
 
 from __future__ import annotations
@@ -16,9 +17,10 @@ from dataclasses import dataclass
 
 import torch
 
-from specbench.engine.batched_cache import BatchedKVCache, check_cache_fits
+from specbench.engine.batched_cache import BatchedKVCache, check_cache_fits, host_to_device
+from specbench.engine.graph_capture import GraphBackend, StepGraphs
 from specbench.engine.static_llama import StaticLlamaForCausalLM
-from specbench.engine.static_ops import EAGER_OPS, compiled_ops
+from specbench.engine.static_ops import EAGER_OPS, StepOps, compiled_ops
 from specbench.engine.target import TargetOutput
 
 
@@ -33,12 +35,16 @@ class SlotInput:
 
 @dataclass
 class _BatchBuffers:
-    """The static inputs of one step kind at width W for B slots."""
+    """The static inputs of one step kind at width W for B slots: a captured graph reads exactly these."""
 
     ids: torch.Tensor  # (B, W) int64, padded with token 0
     depths: torch.Tensor  # (B, W) int64 position offsets from each slot's cache end, padded with 0
     tree: torch.Tensor  # (B, W, W) bool; padded rows see only themselves
     gather: torch.Tensor  # (B, W) int64 accepted nodes padded with the identity
+    # host mirrors of what the device rows hold, so an unchanged row costs no copy: depths (B lists of W) and,
+    # per slot, (the tree mask tensor last written into its tree rows, its nodes); None: not written yet
+    host_depths: list | None = None
+    tree_rows: list | None = None
 
     @classmethod
     def allocate(cls, batch: int, width: int, device) -> "_BatchBuffers":
@@ -49,6 +55,8 @@ class _BatchBuffers:
             depths=torch.zeros(batch, width, dtype=torch.long, device=device),
             tree=causal.expand(batch, width, width).clone(),
             gather=identity.expand(batch, width).clone(),
+            host_depths=[[0] * width for _ in range(batch)],
+            tree_rows=[None] * batch,
         )
 
 
@@ -64,7 +72,8 @@ class BatchedStaticTarget:
     """B slots over one :class:`StaticLlamaForCausalLM`; the per-slot protocol mirrors ``StaticTarget``'s."""
 
     def __init__(self, module: StaticLlamaForCausalLM, config, batch_size: int, *, max_context: int,
-                 compile: bool = False):
+                 compile: bool = False, ops: StepOps | None = None, cuda_graphs: bool = True,
+                 graph_backend: GraphBackend | None = None):
         if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
             raise ValueError(f"batch_size must be an integer >= 1 (slots decoded together), got {batch_size!r}")
         self.module, self.config, self.batch_size = module, config, batch_size
@@ -75,16 +84,36 @@ class BatchedStaticTarget:
         self.device, self.dtype = param.device, param.dtype
         self.verify_widths: dict[str, Counter] = {}  # kind -> Counter(width -> batched verify calls)
         self._widths: dict[str, int] = {"plain": 1}
-        self._buffers: dict[str, _BatchBuffers] = {}
+        self._buffers: dict[tuple[str, int], _BatchBuffers] = {}  # (kind, width) -> its static inputs
         self._cache: BatchedKVCache | None = None
-        self._pending: tuple[str, list[int]] | None = None  # (kind, nodes per slot, 0 for idle slots)
-        self._ops = compiled_ops() if compile else EAGER_OPS
+        self._pending: tuple[str, int, list[int]] | None = None  # (kind, width, nodes per slot, 0 for idle slots)
+        self._last_ids: torch.Tensor | None = None  # (B, W) the last verify's input ids, on the device
+        self._ops = ops if ops is not None else (compiled_ops() if compile else EAGER_OPS)
+        self.compiled = self._ops.compiled
+        # one CUDA graph per (kind, width) at this B, all in one memory pool; eager on the CPU, with
+        # cuda_graphs=False, or through ``graph_backend`` (a test's stand-in) where one is given
+        self._graphs = StepGraphs.for_device(self.device, cuda_graphs, graph_backend)
+        self.cuda_graphs = self._graphs.enabled
         self.aux_layers: tuple[int, ...] = ()
 
+    @property
+    def capture_seconds(self) -> float:
+        """Warm-up + capture time of the step graphs, reported apart from decoding speed."""
+        return self._graphs.capture_seconds
+
+    @property
+    def graphs(self) -> StepGraphs:
+        """The step graphs: ``captured`` by (kind, width), ``captures`` and ``replays`` per key."""
+        return self._graphs
+
     @classmethod
-    def from_static_target(cls, target, batch_size: int) -> "BatchedStaticTarget":
-        """Over a ``StaticTarget``'s module (weights shared, nothing copied), with its max context and stages."""
-        return cls(target.module, target.config, batch_size, max_context=target.max_context, compile=target.compiled)
+    def from_static_target(cls, target, batch_size: int, *, cuda_graphs: bool | None = None,
+                           graph_backend: GraphBackend | None = None) -> "BatchedStaticTarget":
+        """Over a ``StaticTarget``'s module (weights shared, nothing copied), with its max context, its stages (the
+        same compiled functions, tuned one-row matmuls included) and its graph setting unless ``cuda_graphs`` is given."""
+        graphs = target.cuda_graphs if cuda_graphs is None else cuda_graphs
+        return cls(target.module, target.config, batch_size, max_context=target.max_context, ops=target._ops,
+                   cuda_graphs=graphs, graph_backend=graph_backend)
 
     def set_aux_layers(self, layers: tuple[int, ...]) -> None:
         """Also return the residual streams entering ``layers`` (EAGLE-3's features), as ``StaticTarget`` does."""
@@ -93,6 +122,7 @@ class BatchedStaticTarget:
         if bad:
             raise ValueError(f"aux layers {bad} out of range: the target has {self.module.shape.num_layers} layers")
         self.aux_layers = layers
+        self._graphs.drop()  # their outputs change
 
     # -- cache ---------------------------------------------------------------------------------------
 
@@ -113,6 +143,7 @@ class BatchedStaticTarget:
         if self._cache is None or self._cache.capacity < num_tokens:
             s = self.module.shape
             check_cache_fits(self.batch_size, s.num_layers, s.num_kv_heads, num_tokens, s.head_dim, self.dtype, self.device)
+            self._graphs.drop()  # graphs read the old cache's addresses
             self._cache = None  # free the old cache before allocating its successor
             self._cache = BatchedKVCache(self.batch_size, s.num_layers, s.num_kv_heads, num_tokens, s.head_dim,
                                          dtype=self.dtype, device=self.device)
@@ -160,28 +191,41 @@ class BatchedStaticTarget:
         counts = [0 if x is None else x.ids.numel() for x in inputs]
         width = self._width_for(kind, max(counts))
         self._check_room(kind, counts, width)
-        buffers = self._fill(kind, inputs)
+        buffers = self._fill(kind, width, inputs)
+        logits, hidden, aux = self._graphs.run((kind, width), buffers, self._forward)  # (B * W, V), (B * W, H), ...
+        self._pending = (kind, width, counts)
+        self._last_ids = buffers.ids
+        self.verify_widths.setdefault(kind, Counter())[width] += 1
+        copied = (kind, width) in self._graphs  # the next replay overwrites the graph's outputs: hand out copies
+        batch = self.batch_size
+        out = [None if t is None else (t.clone() if copied else t).view(batch, width, -1) for t in (logits, hidden, aux)]
+        return TargetOutput(logits=out[0], hidden_states=out[1], aux_hidden_states=out[2])
+
+    def _forward(self, buffers: _BatchBuffers) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """One fixed-shape batched verify forward over the static buffers and the cache: the region a CUDA graph
+        captures (device ops only: no host reads, no host-to-device copies, no branching on tensor values)."""
         cache = self._cache
+        width = buffers.ids.shape[1]
         positions = cache.lengths[:, None] + buffers.depths  # (B, W)
         mask = cache.attention_mask(buffers.tree)  # (B, W, S)
         hidden, aux = self.module(buffers.ids.flatten(), positions.flatten(), cache.new_slots(width), mask, cache.kv,
                                   self._ops, aux_layers=self.aux_layers)  # (B * W, H), (B * W, A * H) or None
-        logits = self.module.logits(hidden, self._ops)  # (B * W, V)
-        self._pending = (kind, counts)
-        self.verify_widths.setdefault(kind, Counter())[width] += 1
-        batch = self.batch_size
-        return TargetOutput(
-            logits=logits.view(batch, width, -1), hidden_states=hidden.view(batch, width, -1),
-            aux_hidden_states=None if aux is None else aux.view(batch, width, -1),
-        )
+        return self.module.logits(hidden, self._ops), hidden, aux  # (B * W, V), (B * W, H), (B * W, A * H)
+
+    def verified_ids(self) -> torch.Tensor:
+        """(B, W) on the device: the last verify's input ids (row b's first N_b are ``[root, *draft]``), valid until
+        the next verify; greedy verification reads them there instead of copying each slot's ids to the device."""
+        if self._last_ids is None:
+            raise ValueError("verified_ids before any verify")
+        return self._last_ids
 
     def _width_for(self, kind: str, n: int) -> int:
         """The kind's fixed width: reserved, or set by its first step; a wider step widens it (a second shape)."""
         width = self._widths.get(kind, 0)
         if n > width:
             width = self._widths[kind] = n
-        if kind not in self._buffers or self._buffers[kind].ids.shape[1] != width:
-            self._buffers[kind] = _BatchBuffers.allocate(self.batch_size, width, self.device)
+        if (kind, width) not in self._buffers:
+            self._buffers[(kind, width)] = _BatchBuffers.allocate(self.batch_size, width, self.device)
         return width
 
     def _check_room(self, kind: str, counts: list[int], width: int) -> None:
@@ -194,23 +238,48 @@ class BatchedStaticTarget:
                     "lower max_new_tokens or reserve() more room"
                 )
 
-    def _fill(self, kind: str, inputs: list[SlotInput | None]) -> _BatchBuffers:
-        """Write each slot's input into the kind's buffers, padding the rest (idle slots: all padding)."""
-        buffers = self._buffers[kind]
-        buffers.ids.zero_()
-        buffers.depths.zero_()
+    def _fill(self, kind: str, width: int, inputs: list[SlotInput | None]) -> _BatchBuffers:
+        """Write each slot's input into the (kind, width) buffers, padding the rest (idle slots: all padding). Inputs
+        held on the host go in one packed host-to-device copy per buffer; device-held ones in one scatter per buffer;
+        depths and tree rows are copied only where they changed."""
+        buffers = self._buffers[(kind, width)]
+        ids = [[0] * width for _ in inputs]  # (B, W) host-held ids, padded with token 0
+        depths = [[0] * width for _ in inputs]  # (B, W)
+        device_ids, device_depths = [], []  # (slot, (N,) device tensor)
+        for slot, x in enumerate(inputs):
+            if x is None:
+                continue
+            for rows, parts, values in ((ids, device_ids, x.ids), (depths, device_depths, x.depths)):
+                if values.device.type == "cpu":
+                    flat = values.flatten().tolist()
+                    rows[slot][: len(flat)] = flat
+                else:
+                    parts.append((slot, values.flatten()))
+        buffers.ids.copy_(host_to_device(ids, self.device))
+        _scatter_rows(buffers.ids, device_ids, self.device)
+        if device_depths or depths != buffers.host_depths:  # plain steps and steady chains: nothing to copy
+            buffers.depths.copy_(host_to_device(depths, self.device))
+            _scatter_rows(buffers.depths, device_depths, self.device)
+            buffers.host_depths = None if device_depths else depths
         if kind == "tree":
-            buffers.tree.zero_().diagonal(dim1=1, dim2=2).fill_(True)  # (B, W, W) padded rows: themselves only
+            self._fill_tree(buffers, inputs)
+        return buffers  # plain and chain steps keep the causal mask they were allocated with
+
+    def _fill_tree(self, buffers: _BatchBuffers, inputs: list[SlotInput | None]) -> None:
+        """Rewrite slot b's tree rows ``(W, W)`` only when its mask changed (a static tree hands over the same mask
+        tensor every step): real rows see their own tree, padded rows only themselves. Idle slots keep theirs."""
         for slot, x in enumerate(inputs):
             if x is None:
                 continue
             n = x.ids.numel()
-            buffers.ids[slot, :n] = x.ids.flatten()
-            buffers.depths[slot, :n] = x.depths.flatten()
-            if kind == "tree":
-                mask = x.tree_mask if x.tree_mask is not None else torch.ones(n, n, dtype=torch.bool).tril_()
-                buffers.tree[slot, :n, :n] = mask
-        return buffers  # plain and chain steps keep the causal mask they were allocated with
+            written = buffers.tree_rows[slot]
+            if written is not None and written[0] is x.tree_mask and written[1] == n:
+                continue
+            row = buffers.tree[slot]  # (W, W)
+            row.zero_().diagonal().fill_(True)  # padded rows: themselves only
+            mask = x.tree_mask if x.tree_mask is not None else torch.ones(n, n, dtype=torch.bool).tril_()  # (N, N)
+            row[:n, :n].copy_(mask, non_blocking=True)  # a host mask is staged at once: safe to drop after
+            buffers.tree_rows[slot] = (x.tree_mask, n)
 
     @torch.inference_mode()
     def commit(self, accepted: list[list[int] | None]) -> None:
@@ -218,7 +287,7 @@ class BatchedStaticTarget:
         its committed entries: a chain path advances the slot's length, any other path is gathered first."""
         if self._pending is None:
             raise ValueError("commit without a verify to commit")
-        kind, counts = self._pending
+        kind, width, counts = self._pending
         if len(accepted) != self.batch_size:
             raise ValueError(f"commit takes one entry per slot ({self.batch_size}), got {len(accepted)}")
         kept = []
@@ -231,10 +300,19 @@ class BatchedStaticTarget:
             kept.append(0 if path is None else len(path))
         moved = [slot for slot, path in enumerate(accepted) if path is not None and path != list(range(len(path)))]
         if moved:
-            buffers = self._buffers[kind]
-            width = buffers.gather.shape[1]
+            buffers = self._buffers[(kind, width)]
             rows = [list(range(width)) if p is None else p + list(range(len(p), width)) for p in accepted]
-            buffers.gather.copy_(torch.tensor(rows, dtype=torch.long))  # (B, W) the identity beyond each path
+            buffers.gather.copy_(host_to_device(rows, self.device))  # (B, W) the identity beyond each path
             self._cache.gather_new(buffers.gather)
         self._cache.advance(kept)
         self._pending = None
+
+
+def _scatter_rows(buffer: torch.Tensor, parts: list[tuple[int, torch.Tensor]], device: torch.device) -> None:
+    """``buffer[slot, :N] = values`` ``(N,)`` for every (slot, values) of ``parts``, device-held, in one indexed write."""
+    if not parts:
+        return
+    rows = [slot for slot, values in parts for _ in range(values.numel())]  # (M,)
+    cols = [i for _, values in parts for i in range(values.numel())]  # (M,)
+    index = host_to_device([rows, cols], device)  # (2, M)
+    buffer[index[0], index[1]] = torch.cat([values for _, values in parts]).to(buffer.dtype)  # (M,)

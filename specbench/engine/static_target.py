@@ -10,13 +10,13 @@ in-place gather of the accepted nodes into contiguous slots. ``HFTarget`` stays 
 
 from __future__ import annotations
 
-import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from specbench.engine.graph_capture import GraphBackend, StepGraphs
 from specbench.engine.static_cache import StaticKVCache
 from specbench.engine.static_llama import EAGER_HINT, SUPPORTED_MODEL_TYPES, LlamaShape, StaticLlamaForCausalLM, UnsupportedModel
 from specbench.engine.static_ops import EAGER_OPS, compiled_ops
@@ -24,17 +24,6 @@ from specbench.engine.target import TargetOutput
 
 # cache slots allocated when nothing reserved more (a 128k-context config would otherwise take GBs)
 DEFAULT_CACHE_SLOTS = 4096
-
-
-@dataclass
-class _CapturedStep:
-    """One step kind's CUDA graph and the static outputs its replay overwrites."""
-
-    graph: "torch.cuda.CUDAGraph"
-    buffers: "_StepBuffers"  # the inputs it reads; a reallocated buffer set needs a new capture
-    logits: torch.Tensor  # (W, V)
-    hidden: torch.Tensor  # (W, H)
-    aux: torch.Tensor | None  # (W, A * H) or None
 
 
 @dataclass
@@ -65,7 +54,7 @@ class StaticTarget:
 
     def __init__(
         self, module: StaticLlamaForCausalLM, config, *, max_context: int | None = None, source: str = "model",
-        cuda_graphs: bool = True, compile: bool | None = None,
+        cuda_graphs: bool = True, compile: bool | None = None, graph_backend: GraphBackend | None = None,
     ):
         shape = module.shape
         window = shape.sliding_window
@@ -91,10 +80,9 @@ class StaticTarget:
         self._pending: tuple[str, int] | None = None  # (kind, nodes) of the verify awaiting commit
         # each step kind's fixed-width forward is captured once as a CUDA graph and replayed: one launch
         # instead of ~10 per layer, so a 7B step is bound by its weight reads, not by the host
-        self.cuda_graphs = cuda_graphs and self.device.type == "cuda"
-        self._captured: dict[str, _CapturedStep] = {}
-        self._graph_pool = None
-        self.capture_seconds = 0.0  # warm-up + capture time, reported apart from decoding speed
+        # (engine/graph_capture.py; ``graph_backend`` replaces CUDA's capture, e.g. a test's stand-in on the CPU)
+        self._graphs = StepGraphs.for_device(self.device, cuda_graphs, graph_backend)
+        self.cuda_graphs = self._graphs.enabled
         # A graph replays every kernel the forward launches, and spelled out in eager PyTorch a Llama layer
         # runs ~25 small ones around its four matmuls: on a 7B step they cost ~40% of the weight reads
         # (H200, docs/engines.md). compile fuses each pointwise stage into one kernel (static_ops); the
@@ -102,6 +90,16 @@ class StaticTarget:
         self.compiled = self.device.type == "cuda" if compile is None else bool(compile)
         self._ops = compiled_ops(autotune_gemv=self.device.type == "cuda") if self.compiled else EAGER_OPS
         self.aux_layers: tuple[int, ...] = ()  # set_aux_layers: residual streams to return beside the final ones
+
+    @property
+    def capture_seconds(self) -> float:
+        """Warm-up + capture time of the step graphs, reported apart from decoding speed."""
+        return self._graphs.capture_seconds
+
+    @property
+    def _captured(self) -> dict:
+        """step kind -> its captured graph (empty when the steps run eagerly)."""
+        return self._graphs.captured
 
     @classmethod
     def from_hf_model(
@@ -153,7 +151,7 @@ class StaticTarget:
         if bad:
             raise ValueError(f"aux layers {bad} out of range: the target has {self.module.shape.num_layers} layers")
         self.aux_layers = layers
-        self._captured.clear()
+        self._graphs.drop()
 
     # -- cache ---------------------------------------------------------------------------------------
 
@@ -183,8 +181,7 @@ class StaticTarget:
 
     def _allocate(self, capacity: int) -> None:
         s = self.module.shape
-        self._captured.clear()  # graphs read the old cache's addresses
-        self._graph_pool = None  # a pool whose graphs are all gone cannot take a new capture
+        self._graphs.drop()  # graphs read the old cache's addresses
         self._cache = None  # free the old cache before allocating its successor
         self._cache = StaticKVCache(s.num_layers, s.num_kv_heads, capacity, s.head_dim, dtype=self.dtype, device=self.device)
         self._pending = None
@@ -245,7 +242,7 @@ class StaticTarget:
         logits, hidden, aux = self._step(kind, buffers)  # (W, V), (W, H), (W, A * H) or None
         self._pending = (kind, n)
         self.verify_widths.setdefault(kind, Counter())[width] += 1
-        copied = kind in self._captured  # the next replay overwrites the graph's outputs: hand out copies
+        copied = kind in self._graphs  # the next replay overwrites the graph's outputs: hand out copies
         out = [None if t is None else (t[:n].clone() if copied else t[:n]) for t in (logits, hidden, aux)]
         return TargetOutput(logits=out[0], hidden_states=out[1], aux_hidden_states=out[2])
 
@@ -260,35 +257,9 @@ class StaticTarget:
         return width
 
     def _step(self, kind: str, buffers: _StepBuffers) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """The kind's verify forward: a graph replay when graphs are on (captured at the kind's first step)."""
-        if not self.cuda_graphs:
-            return self._forward(buffers)
-        captured = self._captured.get(kind)
-        if captured is None or captured.buffers is not buffers:
-            captured = self._captured[kind] = self._capture(buffers)
-        captured.graph.replay()
-        return captured.logits, captured.hidden, captured.aux
-
-    def _capture(self, buffers: _StepBuffers) -> _CapturedStep:
-        """Record ``_forward`` over ``buffers`` as a CUDA graph. The warm-up runs first on a side stream
-        (cuBLAS workspaces and allocator growth must happen outside capture); it writes the same K/V
-        into the same not-yet-committed slots that the replay writes again, so it changes nothing."""
-        start = time.perf_counter()
-        torch.cuda.synchronize(self.device)
-        side = torch.cuda.Stream(self.device)
-        side.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(side):
-            for _ in range(2):  # (with compile, the first call also compiles: counted as capture time)
-                self._forward(buffers)
-        torch.cuda.current_stream(self.device).wait_stream(side)
-        if self._graph_pool is None:
-            self._graph_pool = torch.cuda.graph_pool_handle()  # one memory pool shared by every kind's graph
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._graph_pool):
-            logits, hidden, aux = self._forward(buffers)
-        torch.cuda.synchronize(self.device)
-        self.capture_seconds += time.perf_counter() - start
-        return _CapturedStep(graph, buffers, logits, hidden, aux)
+        """The kind's verify forward: a graph replay when graphs are on (captured at the kind's first step, and
+        again when the kind's buffers were reallocated)."""
+        return self._graphs.run(kind, buffers, self._forward)
 
     def _forward(self, buffers: _StepBuffers) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """One fixed-shape verify forward over the static buffers: the region a CUDA graph captures."""

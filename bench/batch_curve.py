@@ -1,0 +1,289 @@
+"""Batch-size curve of the batched static engine: plain and speculative throughput at B = 1..32 on the synthetic 7B."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from speed_7b import MEDUSA_PROFILE, sync  # noqa: E402
+from specbench.atomic_write import write_text_atomic  # noqa: E402
+from specbench.engine.batched_decode import BatchedDecoder  # noqa: E402
+from specbench.engine.batched_proposers import BatchedProposer  # noqa: E402
+from specbench.engine.batched_target import BatchedStaticTarget  # noqa: E402
+from specbench.engine.decode import Decoder, GenerationConfig  # noqa: E402
+from specbench.engine.static_target import StaticTarget  # noqa: E402
+from specbench.env import environment_fingerprint  # noqa: E402
+from specbench.metrics import SpecCounters  # noqa: E402
+from specbench.proposers.scripted import ScriptedProposer  # noqa: E402
+
+DESCRIPTION = """Batch-size curve of the batched static engine: plain and speculative throughput at B = 1..32 on the synthetic 7B.
+
+For each batch size B (``--batch-sizes``) the same prompt pool's first ``B x --rounds`` prompts are decoded
+through ``BatchedDecoder`` at B slots (static engine, CUDA graphs per (kind, width), bf16 on CUDA):
+plainly, with the oracle (the target's own greedy continuation, K draft tokens: full acceptance) and with the
+Medusa-7B acceptance profile (the oracle wrong at random per position, Medusa-1's published per-head top-1 on
+Vicuna-7B; bench/speed_7b.py). Per B: throughput (output tokens / wall seconds of the run), per-request time
+per output token, TTFT (from admission, and from the run's start), speedup vs plain at the same B,
+acceptance rate and MAL, the CUDA allocator's peak. Also, in the same run: the single-sequence static engine
+at batch 1 (plain and oracle) against the batched B = 1 (the issue asks for the two within 3%), the plain
+throughput ratio largest B / B = 1, and per proposer the crossover B (the first at which it no longer
+beats plain). Graph capture, compilation and warm-up runs are never timed. Writes OUT_DIR/batch_curve.json
+atomically and prints a table.
+
+    python bench/batch_curve.py OUT_DIR --synth-dir SYNTH_DIR          # a GPU box: `specbench zoo synth SYNTH_DIR` first
+    python bench/batch_curve.py OUT_DIR --tiny --device cpu --batch-sizes 1,2 --new-tokens 8   # CPU smoke test
+"""
+SCHEMA_VERSION = 1
+RUNS = ("plain", "oracle", "medusa_profile")
+
+
+class ScriptedBatch(BatchedProposer):
+    """The oracle of bench/speed_7b.py for B slots: each slot drafts its current request's known continuation
+    (``truths[prompt]``) through its own ``ScriptedProposer``, optionally wrong at random per position."""
+
+    def __init__(self, truths: dict[tuple, list[int]], k: int, vocab_size: int, position_accuracy=None):
+        self.truths, self.k, self.vocab_size, self.position_accuracy = truths, k, vocab_size, position_accuracy
+        self.slots: dict[int, ScriptedProposer] = {}
+
+    @property
+    def max_draft_tokens(self) -> int:
+        return self.k
+
+    def begin_request(self, slot: int, prompt_ids: torch.Tensor) -> None:
+        key = tuple(prompt_ids.tolist())  # once per admission, not per step
+        seed = list(self.truths).index(key)  # each request its own random stream, whatever slot it lands in
+        self.slots[slot] = ScriptedProposer(self.truths[key], self.k, self.vocab_size,
+                                            position_accuracy=self.position_accuracy, seed=seed)
+        self.slots[slot].begin_request(prompt_ids)
+
+    def propose(self, states):
+        return {slot: self.slots[slot].propose(state) for slot, state in states.items()}
+
+
+def tiny_target(device: torch.device) -> StaticTarget:
+    """A seeded random Llama small enough for the CPU (fp32), for the smoke test."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, max_position_embeddings=512, initializer_range=0.2, bos_token_id=None,
+                         eos_token_id=None, pad_token_id=None)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model = LlamaForCausalLM(config).eval().to(device)
+    return StaticTarget.from_hf_model(model)
+
+
+def _finite(x):
+    return None if x is None or (isinstance(x, float) and math.isnan(x)) else x
+
+
+def summarize(results: list, wall_s: float) -> dict:
+    """The figures of one batched (or sequential) run of requests."""
+    tokens = sum(r.timing.num_output_tokens for r in results)
+    counters = SpecCounters()
+    for r in results:
+        counters = counters.merge(r.counters)
+    latencies = [r.timing.per_token_latency_s for r in results if not math.isnan(r.timing.per_token_latency_s)]
+    return {
+        "num_requests": len(results), "num_output_tokens": tokens, "wall_s": wall_s,
+        "throughput_tokens_per_s": tokens / wall_s if wall_s > 0 else None,
+        "time_per_output_token_s": _finite(statistics.fmean(latencies)) if latencies else None,
+        "ttft_s": statistics.fmean(r.timing.time_to_first_token_s for r in results),
+        "ttft_from_start_s": statistics.fmean(getattr(r, "queue_s", 0.0) + r.timing.time_to_first_token_s for r in results),
+        "acceptance_rate": _finite(counters.acceptance_rate),
+        "mean_acceptance_length": _finite(counters.mean_acceptance_length),
+        "num_drafts": counters.num_drafts,
+    }
+
+
+def timed(device, run) -> tuple[list, float, int | None]:
+    """(results, wall seconds, CUDA peak bytes) of ``run()``, synchronised around it."""
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    sync(device)
+    start = time.perf_counter()
+    results = run()
+    sync(device)
+    wall = time.perf_counter() - start
+    return results, wall, int(torch.cuda.max_memory_allocated(device)) if device.type == "cuda" else None
+
+
+def proposers(kind: str, truths: dict, k: int, vocab: int):
+    """The batched proposer of a run kind (None: plain)."""
+    if kind == "plain":
+        return None
+    return ScriptedBatch(truths, k, vocab, position_accuracy=MEDUSA_PROFILE if kind == "medusa_profile" else None)
+
+
+def measure_batch(static: StaticTarget, batch: int, prompts: list, truths: dict, args, config) -> dict:
+    target = BatchedStaticTarget.from_static_target(static, batch)
+    # the full cache and the chain width first: a cache that grew after the warm-up would re-capture while timed
+    target.reserve(max(p.numel() for p in prompts) + config.max_new_tokens + args.k, args.k)
+    figures: dict = {"batch_size": batch}
+    for kind in RUNS:
+        make = lambda: proposers(kind, truths, args.k, static.vocab_size)  # noqa: E731
+        warm = GenerationConfig(max_new_tokens=min(4, config.max_new_tokens), ignore_eos=True)
+        BatchedDecoder(target, make(), warm).generate_all(prompts[:batch])  # sizes the cache, captures the graphs
+        decoder = BatchedDecoder(target, make(), config)
+        runs = [timed(static.device, lambda: decoder.generate_all(prompts)) for _ in range(args.repeats)]
+        results, wall, peak = sorted(runs, key=lambda r: r[1])[len(runs) // 2]  # the median run by wall time
+        figures[kind] = {**summarize(results, wall), "peak_memory_bytes": peak,
+                         "mean_active_slots": statistics.fmean(decoder.stats.active_per_step)}
+        if kind != "plain":
+            plain = figures["plain"]["throughput_tokens_per_s"]
+            figures[kind]["speedup_vs_plain"] = figures[kind]["throughput_tokens_per_s"] / plain if plain else None
+    figures["capture_seconds"] = target.capture_seconds
+    figures["cuda_graphs"] = target.cuda_graphs
+    return figures
+
+
+def measure_single(static: StaticTarget, prompts: list, truths: dict, args, config) -> dict:
+    """The single-sequence static engine at batch 1 over the same prompts, one request after another."""
+    figures = {}
+    static.reserve(max(p.numel() for p in prompts) + config.max_new_tokens + args.k, args.k)  # before any capture
+    for kind in ("plain", "oracle"):
+        def decode_all(kind=kind):
+            out = []
+            for p in prompts:
+                proposer = None if kind == "plain" else ScriptedProposer(truths[tuple(p.tolist())], args.k, static.vocab_size)
+                out.append(Decoder(static, proposer, config).generate(p))
+            return out
+
+        warm_proposer = None if kind == "plain" else ScriptedProposer(truths[tuple(prompts[0].tolist())], args.k,
+                                                                        static.vocab_size)
+        Decoder(static, warm_proposer, GenerationConfig(max_new_tokens=4, ignore_eos=True)).generate(prompts[0])
+        results, wall, peak = timed(static.device, decode_all)
+        figures[kind] = {**summarize(results, wall), "peak_memory_bytes": peak}
+    return figures
+
+
+def crossover(curve: list[dict], kind: str) -> int | None:
+    """The first batch size at which ``kind`` no longer beats plain at the same B (None: it beats it everywhere)."""
+    for point in curve:
+        speedup = point[kind].get("speedup_vs_plain")
+        if speedup is not None and speedup <= 1.0:
+            return point["batch_size"]
+    return None
+
+
+def table(report: dict) -> str:
+    lines = [f"{'B':>3} {'run':15} {'tok/s':>10} {'ms/token':>9} {'TTFT ms':>8} {'speedup':>8} {'accept':>7} {'MAL':>5} "
+             f"{'peak GiB':>9}"]
+    for point in report["curve"]:
+        for kind in RUNS:
+            f = point[kind]
+            cells = [f"{point['batch_size']:>3}", f"{kind:15}", _num(f["throughput_tokens_per_s"], 10, 1),
+                     _num(f["time_per_output_token_s"], 9, 2, 1e3), _num(f["ttft_s"], 8, 1, 1e3),
+                     _num(f.get("speedup_vs_plain"), 8, 2), _num(f["acceptance_rate"], 7, 2),
+                     _num(f["mean_acceptance_length"], 5, 2), _num(f["peak_memory_bytes"], 9, 2, 2.0**-30)]
+            lines.append(" ".join(cells))
+    single = report["single_sequence_batch_1"]
+    lines.append("single-sequence static engine, batch 1: " + ", ".join(
+        f"{kind} {single[kind]['throughput_tokens_per_s']:.1f} tok/s" for kind in single))
+    for key, value in report["summary"].items():
+        lines.append(f"{key}: {value}")
+    return "\n".join(lines)
+
+
+def _num(value, width: int, digits: int, scale: float = 1.0) -> str:
+    return f"{'n/a':>{width}}" if value is None else f"{value * scale:{width}.{digits}f}"
+
+
+def parse_sizes(text: str) -> list[int]:
+    try:
+        sizes = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        sizes = []
+    if not sizes or any(b < 1 for b in sizes) or len(set(sizes)) != len(sizes):
+        raise argparse.ArgumentTypeError(f"--batch-sizes {text!r}: expected distinct integers >= 1, e.g. 1,2,4,8")
+    return sorted(sizes)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("out_dir", help="where batch_curve.json is written (atomically)")
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--synth-dir", help="`specbench zoo synth DIR` output (its target/ is loaded, bf16)")
+    source.add_argument("--tiny", action="store_true", help="a seeded tiny random Llama in fp32 instead (smoke test)")
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--batch-sizes", type=parse_sizes, default=parse_sizes("1,2,4,8,16,32"),
+                        help="comma-separated batch sizes (default 1,2,4,8,16,32)")
+    parser.add_argument("--rounds", type=int, default=2, help="requests per slot: B x rounds prompts at batch size B")
+    parser.add_argument("--prompt-len", type=int, default=128)
+    parser.add_argument("--new-tokens", type=int, default=128, help="max_new_tokens of every request (EOS ignored)")
+    parser.add_argument("-k", "--k", type=int, default=3, help="draft tokens per step of the oracle and the profile")
+    parser.add_argument("--repeats", type=int, default=1, help="timed runs per point; the median by wall time is kept")
+    args = parser.parse_args(argv)
+    if args.rounds < 1 or args.repeats < 1 or args.k < 1 or args.new_tokens < 2 or args.prompt_len < 1:
+        parser.error("--rounds, --repeats, -k and --prompt-len must be >= 1 and --new-tokens >= 2")
+
+    device = torch.device(args.device)
+    if args.tiny:
+        static, dtype = tiny_target(device), "float32"
+    else:
+        static = StaticTarget.from_pretrained(str(Path(args.synth_dir) / "target"), dtype=torch.bfloat16, device=device)
+        dtype = "bfloat16"
+    vocab = static.vocab_size
+    pool_size = max(args.batch_sizes) * args.rounds
+    generator = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(1, vocab, (args.prompt_len,), generator=generator) for _ in range(pool_size)]
+    config = GenerationConfig(max_new_tokens=args.new_tokens, ignore_eos=True)
+    # the oracle's script: each prompt's greedy continuation, K + 1 tokens beyond max_new_tokens (a step's draft is
+    # never shortened), from the batched plain engine at the largest B (the same numbers every point verifies)
+    scripter = BatchedStaticTarget.from_static_target(static, max(args.batch_sizes))
+    script = GenerationConfig(max_new_tokens=args.new_tokens + args.k + 1, ignore_eos=True)
+    outputs = BatchedDecoder(scripter, None, script).generate_all(prompts)
+    truths = {tuple(p.tolist()): r.output_token_ids for p, r in zip(prompts, outputs)}
+    del scripter
+
+    report: dict = {"schema_version": SCHEMA_VERSION, "env": environment_fingerprint(device=str(device), dtype=dtype),
+                    "settings": {"model": "tiny-random" if args.tiny else str(args.synth_dir), "dtype": dtype,
+                                 "batch_sizes": args.batch_sizes, "rounds": args.rounds, "prompt_len": args.prompt_len,
+                                 "new_tokens": args.new_tokens, "k": args.k, "repeats": args.repeats,
+                                 "medusa_profile": list(MEDUSA_PROFILE)},
+                    "curve": []}
+    for batch in args.batch_sizes:
+        report["curve"].append(measure_batch(static, batch, prompts[: batch * args.rounds], truths, args, config))
+        print(f"-- B={batch} done", flush=True)
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    first = prompts[: min(args.batch_sizes) * args.rounds] if 1 not in args.batch_sizes else prompts[: args.rounds]
+    report["single_sequence_batch_1"] = measure_single(static, first, truths, args, config)
+    report["summary"] = summary(report)
+    report["table"] = table(report)
+    out = Path(args.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(out / "batch_curve.json", json.dumps(report, indent=2, default=str, allow_nan=False) + "\n")
+    print(report["table"])
+    return 0
+
+
+def summary(report: dict) -> dict:
+    """The issue's comparisons: batched B = 1 over the single-sequence engine, plain largest B / B = 1, crossovers."""
+    points = {p["batch_size"]: p for p in report["curve"]}
+    single = report["single_sequence_batch_1"]
+    out: dict = {}
+    if 1 in points:
+        for kind in ("plain", "oracle"):
+            batched, alone = points[1][kind]["throughput_tokens_per_s"], single[kind]["throughput_tokens_per_s"]
+            out[f"batch_1_{kind}_batched_over_single_sequence"] = batched / alone if batched and alone else None
+        largest = max(points)
+        low, high = points[1]["plain"]["throughput_tokens_per_s"], points[largest]["plain"]["throughput_tokens_per_s"]
+        out[f"plain_throughput_b{largest}_over_b1"] = high / low if low and high else None
+    for kind in ("oracle", "medusa_profile"):
+        out[f"crossover_batch_size_{kind}"] = crossover(report["curve"], kind)
+    return out
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,68 @@
+"""bench/batch_curve.py's CPU smoke path: a tiny random Llama at B = 1, 2, 3; the JSON's structure, the oracle at
+full acceptance at every B, the profile below it, and the argument checks (no timing is asserted)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parent.parent / "bench" / "batch_curve.py"
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("batch_curve", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def report(bench, tmp_path_factory):
+    out = tmp_path_factory.mktemp("curve")
+    assert bench.main([str(out), "--tiny", "--device", "cpu", "--batch-sizes", "1,2,3", "--new-tokens", "8",
+                       "--prompt-len", "6", "-k", "3"]) == 0
+    assert not [p.name for p in out.iterdir() if p.name != "batch_curve.json"]  # written atomically: no temp left
+    return json.loads((out / "batch_curve.json").read_text())
+
+
+def test_report_structure(report):
+    assert report["schema_version"] == 1 and report["settings"]["batch_sizes"] == [1, 2, 3]
+    assert [p["batch_size"] for p in report["curve"]] == [1, 2, 3]
+    for point in report["curve"]:
+        assert point["cuda_graphs"] is False  # the CPU runs eagerly
+        for kind in ("plain", "oracle", "medusa_profile"):
+            figures = point[kind]
+            assert figures["num_requests"] == 2 * point["batch_size"]  # --rounds 2
+            assert figures["num_output_tokens"] == 8 * figures["num_requests"]  # EOS ignored
+            for key in ("throughput_tokens_per_s", "time_per_output_token_s", "ttft_s", "ttft_from_start_s", "wall_s"):
+                assert figures[key] > 0, (kind, key)
+            assert "peak_memory_bytes" in figures  # None off CUDA
+        assert point["plain"]["num_drafts"] == 0 and point["plain"]["mean_acceptance_length"] == 1.0
+        assert point["oracle"]["speedup_vs_plain"] > 0 and point["medusa_profile"]["speedup_vs_plain"] > 0
+    assert set(report["single_sequence_batch_1"]) == {"plain", "oracle"}
+    assert set(report["summary"]) == {"batch_1_plain_batched_over_single_sequence",
+                                      "batch_1_oracle_batched_over_single_sequence", "plain_throughput_b3_over_b1",
+                                      "crossover_batch_size_oracle", "crossover_batch_size_medusa_profile"}
+    assert "single-sequence static engine, batch 1" in report["table"]
+
+
+def test_the_oracle_is_fully_accepted_at_every_batch_size(report):
+    for point in report["curve"]:
+        assert point["oracle"]["acceptance_rate"] == 1.0, point["batch_size"]
+        assert point["oracle"]["mean_acceptance_length"] == 4.0  # K + 1 tokens per forward
+        assert point["medusa_profile"]["acceptance_rate"] < 1.0
+    assert report["single_sequence_batch_1"]["oracle"]["acceptance_rate"] == 1.0
+
+
+def test_help_and_bad_batch_sizes(bench, capsys):
+    with pytest.raises(SystemExit) as done:
+        bench.main(["--help"])
+    assert done.value.code == 0 and "--batch-sizes" in capsys.readouterr().out
+    for bad in ("1,1", "0,2", "a"):
+        with pytest.raises(SystemExit) as done:
+            bench.main(["out", "--tiny", "--batch-sizes", bad])
+        assert done.value.code == 2 and "--batch-sizes" in capsys.readouterr().err

@@ -1,0 +1,197 @@
+"""Graph capture of the static engines' steps (engine/graph_capture.py): the bookkeeping on the CPU through a stand-in
+graph that replays the step eagerly into its static outputs (one capture per (kind, width), later steps replay it,
+buffers refreshed, graphs dropped with the cache), decoding through it token for token as eagerly, and on CUDA the
+captured batched engine against the eager batched one and the single-sequence engine."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specbench.engine.batched_decode import BatchedDecoder
+from specbench.engine.batched_target import BatchedStaticTarget, SlotInput
+from specbench.engine.decode import Decoder, GenerationConfig
+from specbench.engine.graph_capture import StepGraphs
+from specbench.engine.static_target import StaticTarget
+from specbench.proposers.batched import for_batch
+from test_batched_engine import (assert_each_request_as_alone, decode_alone, random_heads, tiny_llama_model,
+                                 tiny_proposers)
+from _prompts import random_prompt, repetitive_prompt
+
+
+class ReplayingGraph:
+    """A CUDA graph's contract on the CPU: ``replay()`` reruns the recorded step over the inputs it was captured with
+    and writes the results into the same output tensors; it fails if the target's cache moved since the capture
+    (a real graph would read freed memory)."""
+
+    def __init__(self, forward, inputs, outputs):
+        self.forward, self.inputs, self.outputs = forward, inputs, outputs
+        owner = getattr(forward, "__self__", None)
+        self.owner = owner
+        self.cache_ptr = None if owner is None else owner._cache.kv.data_ptr()
+
+    def replay(self) -> None:
+        if self.owner is not None:
+            assert self.owner._cache.kv.data_ptr() == self.cache_ptr, "replayed a graph captured over another cache"
+        for out, new in zip(self.outputs, self.forward(self.inputs)):
+            if out is not None:
+                out.copy_(new)
+
+
+class FakeCapture:
+    """The GraphBackend a target gets instead of CUDA's: counts captures and pool releases."""
+
+    def __init__(self):
+        self.graphs: list[ReplayingGraph] = []
+        self.pools_released = 0
+
+    def capture(self, forward, inputs):
+        outputs = tuple(None if t is None else t.clone() for t in forward(inputs))  # static output storage
+        graph = ReplayingGraph(forward, inputs, outputs)
+        self.graphs.append(graph)
+        return graph, outputs
+
+    def release_pool(self) -> None:
+        self.pools_released += 1
+
+
+# --- the helper's bookkeeping ----------------------------------------------------------------------------
+
+
+def test_step_graphs_capture_once_per_key_and_replay_refreshed_buffers():
+    backend = FakeCapture()
+    graphs = StepGraphs(backend)
+    buffer = torch.tensor([1.0, 2.0])  # (2,) a static input
+    calls = []
+
+    def forward(inputs):
+        calls.append(1)
+        return (inputs * 2,)
+
+    first = graphs.run(("plain", 1), buffer, forward)
+    assert torch.equal(first[0], torch.tensor([2.0, 4.0]))
+    buffer.copy_(torch.tensor([5.0, 7.0]))  # refreshed in place: the same graph, new values
+    second = graphs.run(("plain", 1), buffer, forward)
+    assert second[0] is first[0] and torch.equal(second[0], torch.tensor([10.0, 14.0]))
+    assert graphs.captures == {("plain", 1): 1} and graphs.replays == {("plain", 1): 2} and len(backend.graphs) == 1
+    graphs.run(("chain", 4), buffer, forward)
+    other = torch.zeros(2)
+    graphs.run(("plain", 1), other, forward)  # reallocated inputs: the key is captured again over them
+    assert graphs.captures == {("plain", 1): 2, ("chain", 4): 1} and ("plain", 1) in graphs
+    graphs.drop()
+    assert not graphs.captured and backend.pools_released == 1
+    eager = StepGraphs(backend, enabled=False)
+    assert torch.equal(eager.run(("plain", 1), buffer, forward)[0], buffer * 2) and not eager.captures
+    assert not StepGraphs.for_device(torch.device("cpu"), True).enabled  # CPU: eager unless a backend is given
+
+
+def test_cpu_targets_run_eagerly_by_default_and_with_graphs_off():
+    static = StaticTarget.from_hf_model(tiny_llama_model())
+    assert not static.cuda_graphs and static.capture_seconds == 0.0
+    assert not BatchedStaticTarget.from_static_target(static, 2).cuda_graphs
+    off = BatchedStaticTarget.from_static_target(static, 2, cuda_graphs=False, graph_backend=FakeCapture())
+    assert not off.cuda_graphs
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    model = tiny_llama_model()
+    prompts = [repetitive_prompt(0), random_prompt(5, 1), repetitive_prompt(2), random_prompt(21, 3), random_prompt(2, 4)]
+    return model, StaticTarget.from_hf_model(model), random_heads(), prompts
+
+
+def run_batched(target, proposer, prompts, config):
+    return BatchedDecoder(target, proposer, config).generate_all(prompts)
+
+
+@pytest.mark.parametrize("label", ["plain", "ngram", "medusa-chain", "medusa-tree"])
+def test_batched_decoding_through_captured_steps_equals_eager_and_single_sequence(tiny, label):
+    _, static, heads, prompts = tiny
+    proposer_for = tiny_proposers(heads)[label]
+    config = GenerationConfig(max_new_tokens=12, ignore_eos=True)
+    alone = decode_alone(static, proposer_for, prompts, config)
+    for batch_size in (1, 3):
+        backend = FakeCapture()
+        graphed = BatchedStaticTarget.from_static_target(static, batch_size, cuda_graphs=True, graph_backend=backend)
+        eager = BatchedStaticTarget.from_static_target(static, batch_size, cuda_graphs=False)
+        got = run_batched(graphed, for_batch(proposer_for(static), batch_size), prompts, config)
+        want = run_batched(eager, for_batch(proposer_for(static), batch_size), prompts, config)
+        assert_each_request_as_alone(got, alone)
+        assert_each_request_as_alone(want, alone)
+        steps = {(kind, width): n for kind, widths in graphed.verify_widths.items() for width, n in widths.items()}
+        assert set(graphed.graphs.captures) == set(steps), (graphed.graphs.captures, steps)
+        assert all(n == 1 for n in graphed.graphs.captures.values())  # later steps of a shape replay, never re-capture
+        assert dict(graphed.graphs.replays) == steps and len(backend.graphs) == len(steps)
+        expected_kinds = {"plain": {"plain"}, "ngram": {"plain", "chain"}, "medusa-chain": {"chain"},
+                          "medusa-tree": {"tree"}}[label]
+        assert {kind for kind, _ in steps} <= expected_kinds and steps
+
+
+def test_static_target_through_the_shared_helper_decodes_as_eagerly(tiny):
+    _, static, heads, prompts = tiny
+    backend = FakeCapture()
+    graphed = StaticTarget(static.module, static.config, max_context=static.max_context, graph_backend=backend)
+    assert graphed.cuda_graphs
+    graphed.reserve(80, 0)  # the largest cache first: a cache that grows drops the graphs captured on it
+    for proposer_for in tiny_proposers(heads).values():
+        config = GenerationConfig(max_new_tokens=10, ignore_eos=True)
+        for prompt in prompts[:3]:
+            want = Decoder(static, proposer_for(static), config).generate(prompt)
+            got = Decoder(graphed, proposer_for(graphed), config).generate(prompt)
+            assert got.output_token_ids == want.output_token_ids and got.counters == want.counters
+    assert set(graphed._captured) == {"plain", "chain", "tree"} and backend.pools_released == 1  # the first cache only
+    assert graphed.verify_widths["plain"] == {1: graphed._graphs.replays["plain"]}
+
+
+def test_outputs_are_copies_and_a_new_cache_or_aux_layers_drop_the_graphs(tiny):
+    _, static, _, prompts = tiny
+    backend = FakeCapture()
+    target = BatchedStaticTarget.from_static_target(static, 2, cuda_graphs=True, graph_backend=backend)
+    target.reserve(40, 3)
+    for slot in (0, 1):
+        target.prefill(slot, prompts[slot])
+    chain = [SlotInput(torch.tensor([3, 4, 5, 6]), torch.arange(4)), SlotInput(torch.tensor([7, 8]), torch.arange(2))]
+    first = target.verify(chain)
+    kept = first.logits.clone()
+    target.commit([[0], [0]])
+    second = target.verify([SlotInput(torch.tensor([9, 1, 2, 3]), torch.arange(4)), None])
+    target.commit([[0, 1], None])
+    assert torch.equal(first.logits, kept)  # the replay overwrote the graph's outputs, not what verify handed out
+    assert not torch.equal(second.logits[0], first.logits[0])  # the refreshed buffers were read
+    assert target.graphs.captures == {("chain", 4): 1} and target.graphs.replays == {("chain", 4): 2}
+    target.reserve(80, 3)  # a larger cache: the graphs read the old one's addresses
+    assert not target.graphs.captured and backend.pools_released == 2  # (the first reserve dropped none yet)
+    target.prefill(0, prompts[0])
+    target.verify([SlotInput(torch.tensor([3]), torch.zeros(1, dtype=torch.long)), None])
+    target.commit([[0], None])
+    target.set_aux_layers((1,))
+    assert not target.graphs.captured and backend.pools_released == 3
+    assert target.graphs.captures == {("chain", 4): 1, ("plain", 1): 1}
+
+
+# --- CUDA: the real capture --------------------------------------------------------------------------------
+
+
+@pytest.mark.large_gpu(min_gb=1)
+@pytest.mark.parametrize("compile", [False, True])
+def test_cuda_captured_batched_engine_equals_eager_batched_and_single_sequence(compile):
+    """On a GPU: the batched engine replaying CUDA graphs (fp32, tiny random Llama, B = 1 and 3 over ragged prompts)
+    emits every request's greedy tokens and counters as the eager batched engine and the single-sequence engine."""
+    model = tiny_llama_model().to("cuda")
+    static = StaticTarget.from_hf_model(model, compile=compile)
+    assert static.cuda_graphs
+    heads = random_heads().to("cuda")
+    prompts = [repetitive_prompt(0), random_prompt(5, 1), repetitive_prompt(2), random_prompt(21, 3), random_prompt(2, 4)]
+    config = GenerationConfig(max_new_tokens=16, ignore_eos=True)
+    for label, proposer_for in tiny_proposers(heads).items():
+        alone = decode_alone(static, proposer_for, prompts, config)
+        for batch_size in (1, 3):
+            graphed = BatchedStaticTarget.from_static_target(static, batch_size)
+            eager = BatchedStaticTarget.from_static_target(static, batch_size, cuda_graphs=False)
+            assert graphed.cuda_graphs and not eager.cuda_graphs
+            got = run_batched(graphed, for_batch(proposer_for(static), batch_size), prompts, config)
+            want = run_batched(eager, for_batch(proposer_for(static), batch_size), prompts, config)
+            assert_each_request_as_alone(want, alone)
+            assert_each_request_as_alone(got, alone)
+            assert graphed.graphs.captured and all(n == 1 for n in graphed.graphs.captures.values()), label
+            assert graphed.capture_seconds > 0
