@@ -3,21 +3,16 @@ full acceptance at every B, the profile below it, and the argument checks (no ti
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parent.parent / "bench" / "batch_curve.py"
+from _bench_scripts import load_bench_script
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("batch_curve", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_bench_script("batch_curve")
 
 
 @pytest.fixture(scope="module")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import time
 from pathlib import Path
@@ -13,17 +12,14 @@ import torch
 from specbench.cases import find_case
 from specbench.pytest_plugin import skip_unless_available
 
-SCRIPT = Path(__file__).resolve().parent.parent / "bench" / "speed_gate_trial.py"
+from _bench_scripts import load_bench_script
 TOP_KEYS = {"runs": int, "false_failures": int, "cases": dict, "injected": list, "smallest_caught": dict,
             "tolerances": dict, "env": dict, "seconds": float, "stopped_early": bool, "gate_speed_forced": bool}
 
 
 @pytest.fixture(scope="module")
 def script():
-    spec = importlib.util.spec_from_file_location("speed_gate_trial", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_bench_script("speed_gate_trial")
 
 
 def test_slowed_target_delegates_and_spins(script, tiny_target):
