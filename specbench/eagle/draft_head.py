@@ -209,15 +209,25 @@ class EagleHead(nn.Module):
         ``block_mask`` ``(W, cache.length + W - visible)`` bool, to the slots from ``visible`` on, the new
         ones included (default, only when ``visible`` is the cache length: causal among the new rows).
         """
-        layer = self.layers[0]
-        if not layer.fused_current():
+        if not self.layer.fused_current():
             self.prepare()
         width, start, device = embeds.shape[0], cache.length, embeds.device
         mask = draft_attention_mask(width, start, visible, block_mask, device)  # (W, start + W)
         cache.reserve(start + width)
-        x = self.fc(torch.cat([embeds, features.to(embeds.dtype)], dim=-1))  # (W, H): embedding first, as cnets1
-        cos, sin = rotary_tables(self.inv_freq, positions.to(device), x.dtype)  # (W, D) each
         slots = torch.arange(start, start + width, device=device)  # (W,)
-        hidden = layer(x, cos, sin, cache.kv, slots, attention_bias(mask, x.dtype))  # (W, H)
+        hidden = self.step(embeds, features, positions.to(device), slots, mask, cache.kv)  # (W, H)
         cache.length = start + width
         return hidden
+
+    @property
+    def layer(self) -> EagleDecoderLayer:
+        return self.layers[0]
+
+    def step(self, embeds, features, positions, slots, mask, kv) -> torch.Tensor:
+        """The forward's shape-stable core: ``W`` rows ``(W, H)`` written at cache slots ``slots`` ``(W,)`` of ``kv``
+        ``(2, KVH, S, D)``, attending through ``mask`` ``(W, K)`` bool over the first K slots, at rotary
+        ``positions`` ``(W,)``; only device tensors, no host reads (the region a CUDA graph captures,
+        eagle/captured.py)."""
+        x = self.fc(torch.cat([embeds, features.to(embeds.dtype)], dim=-1))  # (W, H): embedding first, as cnets1
+        cos, sin = rotary_tables(self.inv_freq, positions, x.dtype)  # (W, D) each
+        return self.layer(x, cos, sin, kv, slots, attention_bias(mask, x.dtype))  # (W, H)

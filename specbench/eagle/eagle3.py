@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass
 import torch
 from torch import nn
 
-from specbench.eagle.draft_head import DraftKVCache, EagleConfig, EagleDecoderLayer, EagleHead, draft_attention_mask
+from specbench.eagle.draft_head import DraftKVCache, EagleConfig, EagleDecoderLayer, EagleHead
 from specbench.engine.static_llama import LlamaShape, RMSNorm, rope_inv_freq
 from specbench.engine.static_ops import EAGER_OPS, attention_bias, rotary_tables
 
@@ -117,22 +117,16 @@ class Eagle3Head(EagleHead):
         normed = EAGER_OPS.rms_norm(hidden, self.norm.weight, self.norm.eps)
         return self.lm_head(normed).float()
 
-    @torch.inference_mode()
-    def forward(self, embeds: torch.Tensor, features: torch.Tensor, positions: torch.Tensor, cache: DraftKVCache, *,
-                visible: int | None = None, block_mask: torch.Tensor | None = None) -> torch.Tensor:
-        """EagleHead.forward's contract; ``features`` (W, 3H) are the target's aux features (through fc, as
-        upstream dispatches on the width), (W, H) the draft's own outputs at the parents."""
-        if not self.midlayer.fused_current():
-            self.prepare()
-        width, start, device = embeds.shape[0], cache.length, embeds.device
-        mask = draft_attention_mask(width, start, visible, block_mask, device)  # (W, start + W)
-        cache.reserve(start + width)
+    @property
+    def layer(self) -> Eagle3DecoderLayer:
+        return self.midlayer
+
+    def step(self, embeds, features, positions, slots, mask, kv) -> torch.Tensor:
+        """EagleHead.step's contract; ``features`` (W, 3H) are the target's aux features, through fc first (as
+        upstream dispatches on the width), (W, H) the draft's own outputs at the parents, as they are."""
         hidden = features.to(embeds.dtype)
         if hidden.shape[-1] != embeds.shape[-1]:
             hidden = self.fc(hidden)  # (W, H) the fused target features
-        cos, sin = rotary_tables(self.inv_freq, positions.to(device), hidden.dtype)  # (W, D) each
-        slots = torch.arange(start, start + width, device=device)  # (W,)
-        out = self.midlayer(embeds, hidden, cos, sin, cache.kv, slots, attention_bias(mask, hidden.dtype))  # (W, H)
-        cache.length = start + width
-        return out
+        cos, sin = rotary_tables(self.inv_freq, positions, hidden.dtype)  # (W, D) each
+        return self.midlayer(embeds, hidden, cos, sin, kv, slots, attention_bias(mask, hidden.dtype))  # (W, H)
 

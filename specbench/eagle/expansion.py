@@ -129,7 +129,8 @@ def draft_dynamic_tree(root_hidden: torch.Tensor, root_logits: torch.Tensor, exp
     all_parents = [torch.full((top_k,), -1, dtype=torch.long, device=device)]
     frontier = torch.arange(top_k, device=device)  # (k,) candidate index of each frontier node
     features = root_hidden.expand(top_k, -1)  # (k, H) each frontier node reads its parent's output
-    sees = torch.eye(top_k, dtype=torch.bool, device=device)  # (k, k) over the nodes expanded so far
+    itself = torch.eye(top_k, dtype=torch.bool, device=device)  # (k, k) each new frontier node sees itself
+    sees = itself  # (k, k) over the nodes expanded so far
     offset = top_k
     for level in range(1, depth):
         hidden, logits = expand(tokens, features, level, sees)  # (k, H), (k, V)
@@ -141,7 +142,7 @@ def draft_dynamic_tree(root_hidden: torch.Tensor, root_logits: torch.Tensor, exp
         scores, best = child_scores.topk(top_k)  # (k,) the next frontier
         source = best // top_k  # (k,) the frontier row each comes from
         frontier, tokens, features = offset + best, child_tokens.flatten()[best], hidden[source]
-        sees = torch.cat([sees[source], torch.eye(top_k, dtype=torch.bool, device=device)], dim=1)  # (k, k * (level + 1))
+        sees = torch.cat([sees[source], itself], dim=1)  # (k, k * (level + 1))
         offset += top_k * top_k
     keep, parents = select_nodes(torch.cat(all_scores), torch.cat(all_parents), total_tokens)
     return Draft(tokens=torch.cat(all_tokens)[keep], parents=parents)

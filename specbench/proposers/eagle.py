@@ -7,6 +7,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from specbench.eagle.captured import CATCH_UP, EXPAND, CapturedHead
 from specbench.eagle.draft_head import EagleHead
 from specbench.eagle.expansion import (
     StaticTreePlan,
@@ -16,6 +17,7 @@ from specbench.eagle.expansion import (
     dynamic_pool_size,
 )
 from specbench.engine.draft import Draft
+from specbench.engine.graph_capture import GraphBackend, StepGraphs
 from specbench.engine.proposer import Proposer, ProposerState
 from specbench.engine.tree import TreeSpec, load_tree
 from specbench.proposers.registry import register_proposer
@@ -46,6 +48,14 @@ def target_hidden_size(target) -> int:
     return int(hidden)
 
 
+def target_captures_steps(target) -> bool:
+    """Whether the draft's forwards are captured beside ``target``: a StaticTarget with CUDA graphs on (as the
+    draft-model proposer's own StaticTarget is); the eager engine keeps eager drafting."""
+    from specbench.engine.static_target import StaticTarget  # the static engine loads only when asked for
+
+    return isinstance(target, StaticTarget) and target.cuda_graphs
+
+
 @register_proposer
 class EagleProposer(Proposer):
     name = "eagle"
@@ -62,7 +72,10 @@ class EagleProposer(Proposer):
         top_k: int | None = None,
         depth: int | None = None,
         total_tokens: int | None = None,
+        cuda_graphs: bool = False,
+        graph_backend: GraphBackend | None = None,
     ):
+        """``cuda_graphs``: capture the draft's forwards (on CUDA, or through ``graph_backend``, a test's stand-in)."""
         dynamic = {"top_k": top_k, "depth": depth, "total_tokens": total_tokens}
         given = [name for name, on in (("num_speculative_tokens", num_speculative_tokens is not None),
                                        ("tree", tree is not None),
@@ -111,6 +124,12 @@ class EagleProposer(Proposer):
             raise ValueError("this draft head has no embed_tokens of its own; pass the target's embedding")
         self._capacity = 0
         self._committed = 0  # draft positions whose KV holds the target's features (positions 0 .. committed - 1)
+        # beside a capturing static target each draft forward is a (kind, width) graph replay
+        # (docs/eagle.md#graph-capture-on-the-static-engine)
+        self.captured = CapturedHead(self.head, self.embedding, self._logits,
+                                     StepGraphs.for_device(device, cuda_graphs, graph_backend),
+                                     expansion_slots=self.expansion_slots)
+        self._captured_root: tuple[torch.Tensor, torch.Tensor] | None = None  # the last captured catch-up's (H,), (V,)
 
     @classmethod
     def from_options(
@@ -124,9 +143,12 @@ class EagleProposer(Proposer):
         top_k: int | None = None,
         depth: int | None = None,
         total_tokens: int | None = None,
+        cuda_graphs: bool | None = None,
+        graph_backend: GraphBackend | None = None,
     ) -> "EagleProposer":
         """A head from ``head`` (a module) or ``path`` (a checkpoint reference), moved to the target's device and
-        dtype; the target's lm_head scores its outputs and its embedding serves heads without embed_tokens."""
+        dtype; the target's lm_head scores its outputs and its embedding serves heads without embed_tokens.
+        ``cuda_graphs`` None captures the draft's forwards exactly when the target captures its steps."""
         if (head is None) == (path is None):
             raise ValueError(f"EAGLE needs exactly one of head (an EagleHead) or path (a checkpoint); got head="
                              f"{type(head).__name__ if head is not None else None}, path={path!r}")
@@ -146,8 +168,9 @@ class EagleProposer(Proposer):
             )
         head = head.to(device=target.device, dtype=target.dtype)
         embedding = None if head.embed_tokens is not None else target_input_embedding(target)
+        cuda_graphs = target_captures_steps(target) if cuda_graphs is None else cuda_graphs
         return cls(head, lm_head, embedding, num_speculative_tokens=num_speculative_tokens, tree=tree, top_k=top_k,
-                   depth=depth, total_tokens=total_tokens)
+                   depth=depth, total_tokens=total_tokens, cuda_graphs=cuda_graphs, graph_backend=graph_backend)
 
     @property
     def max_draft_tokens(self) -> int:
@@ -155,7 +178,9 @@ class EagleProposer(Proposer):
 
     def describe(self) -> dict:
         embed = "own" if self.head.embed_tokens is not None else "target"
-        settings = {"name": self.name, "mode": self.mode, "embed_tokens": embed}
+        graphs = self.captured.graphs
+        settings = {"name": self.name, "mode": self.mode, "embed_tokens": embed, "draft_graphs": graphs.enabled,
+                    "draft_capture_seconds": graphs.capture_seconds}
         if self.mode == "chain":
             settings["num_speculative_tokens"] = self.num_nodes
         elif self.mode == "tree":
@@ -186,7 +211,8 @@ class EagleProposer(Proposer):
 
         Draft position i reads ``embed(token_ids[i + 1])`` and ``hidden_states[i]``. Entries past the committed
         positions (the last draft's nodes) are dropped first. A call with nothing new redoes the last position,
-        so a repeated call costs what a step with no accepted token costs (docs/eagle.md#catch-up).
+        so a repeated call costs what a step with no accepted token costs (docs/eagle.md#catch-up). Captured, the
+        output is a view of the graph's static output, valid until the next catch-up of the same width.
         """
         tokens, features = state.token_ids, state.hidden_states
         need = tokens.numel() - 1  # draft positions 0 .. T - 2
@@ -197,15 +223,34 @@ class EagleProposer(Proposer):
             )
         start = min(self._committed, self.head.cache_length, need - 1)
         self.head.truncate(start)
+        self._committed, self._captured_root = need, None
         device = self.head.fc.weight.device
-        embeds = self.embedding(tokens[start + 1: need + 1].to(device))  # (W, H)
+        new_tokens, new_features = tokens[start + 1: need + 1].to(device), features[start:need].to(device)  # (W,), (W, F)
+        if self.captured.enabled and 0 < start and need - start <= self.num_nodes + 1:
+            # a step's catch-up (the accepted tokens and the bonus one): one graph per width; the first catch-up
+            # of a request (the whole prompt, a new width every request) runs eagerly
+            hidden, logits = self.captured.step(CATCH_UP, new_tokens, new_features, start=start, visible=start,
+                                                position=start)  # (W, H), (1, V)
+            self._captured_root = (hidden[-1], logits[0])
+            return self._captured_root[0]
         positions = torch.arange(start, need, device=device)  # (W,)
-        hidden = self.head.extend(embeds, features[start:need].to(device), positions)  # (W, H)
-        self._committed = need
-        return hidden[-1]
+        return self.head.extend(self.embedding(new_tokens), new_features, positions)[-1]  # (H,)
+
+    def _root_logits(self, root_hidden: torch.Tensor) -> torch.Tensor:
+        """(V,) the root's logits (predicting depth 1): the captured catch-up's own when it produced ``root_hidden``."""
+        if self._captured_root is not None and self._captured_root[0] is root_hidden:
+            return self._captured_root[1]
+        return self._logits(root_hidden[None])[0]
 
     def _expander(self):
         committed, root_position = self._committed, self._committed - 1
+
+        if self.captured.enabled:
+            def expand(tokens: torch.Tensor, features: torch.Tensor, depth: int, sees: torch.Tensor):
+                return self.captured.step(EXPAND, tokens, features, start=self.head.cache_length, visible=committed,
+                                          position=root_position + depth, block=sees)  # (W, H), (W, V)
+
+            return expand
 
         def expand(tokens: torch.Tensor, features: torch.Tensor, depth: int, sees: torch.Tensor):
             positions = torch.full((tokens.numel(),), root_position + depth, device=tokens.device)  # (W,) siblings share one
@@ -217,7 +262,7 @@ class EagleProposer(Proposer):
     @torch.inference_mode()
     def propose(self, state: ProposerState) -> Draft:
         root_hidden = self._catch_up(state)  # (H,)
-        root_logits = self._logits(root_hidden[None])[0]  # (V,) predicts depth 1
+        root_logits = self._root_logits(root_hidden)  # (V,) predicts depth 1
         expand = self._expander()
         try:
             if self.mode == "chain":

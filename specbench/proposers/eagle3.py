@@ -7,8 +7,9 @@ import torch
 from torch import nn
 
 from specbench.eagle.eagle3 import Eagle3Head, eagle3_aux_layers
+from specbench.engine.graph_capture import GraphBackend
 from specbench.engine.tree import TreeSpec
-from specbench.proposers.eagle import EagleProposer, target_hidden_size, target_input_embedding
+from specbench.proposers.eagle import EagleProposer, target_captures_steps, target_hidden_size, target_input_embedding
 from specbench.proposers.registry import register_proposer
 
 
@@ -38,10 +39,13 @@ class Eagle3Proposer(EagleProposer):
         top_k: int | None = None,
         depth: int | None = None,
         total_tokens: int | None = None,
+        cuda_graphs: bool = False,
+        graph_backend: GraphBackend | None = None,
     ):
         # the head's lm_head bounds tree ranks and top_k by the draft vocabulary
         super().__init__(head, head.lm_head, embedding, num_speculative_tokens=num_speculative_tokens, tree=tree,
-                         top_k=top_k, depth=depth, total_tokens=total_tokens)
+                         top_k=top_k, depth=depth, total_tokens=total_tokens, cuda_graphs=cuda_graphs,
+                         graph_backend=graph_backend)
         self.target_vocab_size = target_vocab_size
         self.draft_ids = head.draft_to_target()  # (Vd,) target id of each draft id
         self.identity_vocab = (head.config.draft_vocab_size == target_vocab_size
@@ -59,9 +63,12 @@ class Eagle3Proposer(EagleProposer):
         top_k: int | None = None,
         depth: int | None = None,
         total_tokens: int | None = None,
+        cuda_graphs: bool | None = None,
+        graph_backend: GraphBackend | None = None,
     ) -> "Eagle3Proposer":
         """A head from ``head`` or ``path``, on the target's device and dtype; the target is asked for the features
-        entering layers ``eagle3_aux_layers(L)`` and its embedding serves the draft."""
+        entering layers ``eagle3_aux_layers(L)`` and its embedding serves the draft. ``cuda_graphs`` and
+        ``graph_backend`` as EagleProposer.from_options."""
         if (head is None) == (path is None):
             raise ValueError(f"EAGLE-3 needs exactly one of head (an Eagle3Head) or path (a checkpoint); got head="
                              f"{type(head).__name__ if head is not None else None}, path={path!r}")
@@ -79,8 +86,10 @@ class Eagle3Proposer(EagleProposer):
             )
         head = head.to(device=target.device, dtype=target.dtype)
         embedding = target_input_embedding(target)
+        cuda_graphs = target_captures_steps(target) if cuda_graphs is None else cuda_graphs
         proposer = cls(head, embedding, target_vocab_size=target.vocab_size, num_speculative_tokens=num_speculative_tokens,
-                       tree=tree, top_k=top_k, depth=depth, total_tokens=total_tokens)
+                       tree=tree, top_k=top_k, depth=depth, total_tokens=total_tokens, cuda_graphs=cuda_graphs,
+                       graph_backend=graph_backend)
         target.set_aux_layers(eagle3_aux_layers(target_num_layers(target)))  # only once the options are valid
         return proposer
 

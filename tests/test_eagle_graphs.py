@@ -1,0 +1,208 @@
+"""EAGLE drafting through captured graphs on the static engine (eagle/captured.py, docs/eagle.md): on the CPU
+through a stand-in graph that replays the step eagerly into its static outputs, each (kind, width) is captured once
+and replayed after, and greedy decoding, every draft under ragged acceptance and the counters equal the eager
+proposer's for the EAGLE chain, EAGLE-1 static tree and EAGLE-2 / EAGLE-3 dynamic trees; on CUDA the same with real
+CUDA graphs."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specbench.eagle.captured import CATCH_UP, EXPAND
+from specbench.engine.decode import Decoder, GenerationConfig
+from specbench.engine.hf_target import HFTarget
+from specbench.engine.static_target import StaticTarget
+from specbench.proposers import create_proposer
+from specbench.proposers.scripted import ScriptedProposer
+from test_batched_graphs import FakeCapture as TargetCapture  # the target's own stand-in
+from test_eagle import SMALL_TREE, random_head
+from test_eagle3 import deep_llama, random_head3
+from test_static_target import VOCAB, build
+from _prompts import random_prompt, repetitive_prompt
+
+MAX_NEW = 20
+CASES = {  # label -> (proposer name, options, head factory, expand widths per propose)
+    "eagle-chain": ("eagle", dict(num_speculative_tokens=3), lambda: random_head(with_embed=False), {1: 2}),
+    "eagle1-static-tree": ("eagle", dict(tree=SMALL_TREE), lambda: random_head(), {2: 2}),
+    "eagle2-dynamic-tree": ("eagle", dict(top_k=3, depth=4, total_tokens=12), lambda: random_head(seed=5, std=0.1), {3: 3}),
+    "eagle3-dynamic-tree": ("eagle3", dict(top_k=3, depth=4, total_tokens=12), lambda: random_head3(seed=2), {3: 3}),
+}
+
+
+class ReplayingGraph:
+    """A CUDA graph's contract on the CPU: ``replay()`` reruns the recorded step over the buffers it was captured
+    with into the same output tensors; it fails if the draft cache was reallocated since (a real graph would read
+    freed memory)."""
+
+    def __init__(self, forward, inputs, outputs):
+        self.forward, self.inputs, self.outputs = forward, inputs, outputs
+        self.owner = forward.__self__  # the CapturedHead
+        self.kv = self.owner.head.cache.kv
+
+    def replay(self) -> None:
+        assert self.owner.head.cache.kv is self.kv, "replayed a graph captured over another draft cache"
+        for out, new in zip(self.outputs, self.forward(self.inputs)):
+            out.copy_(new)
+
+
+class FakeCapture:
+    """The GraphBackend the proposer gets instead of CUDA's."""
+
+    def __init__(self):
+        self.graphs: list[ReplayingGraph] = []
+
+    def capture(self, forward, inputs):
+        outputs = tuple(t.clone() for t in forward(inputs))  # static output storage
+        graph = ReplayingGraph(forward, inputs, outputs)
+        self.graphs.append(graph)
+        return graph, outputs
+
+    def release_pool(self) -> None:
+        pass
+
+
+def build_target(label: str, device="cpu", graph_backend=None, **options) -> StaticTarget:
+    model = deep_llama() if label.startswith("eagle3") else build("llama")
+    static = StaticTarget.from_hf_model(model.to(device), **options)
+    if graph_backend is None:
+        return static
+    return StaticTarget(static.module, static.config, max_context=static.max_context, graph_backend=graph_backend)
+
+
+def build_proposer(label: str, target, **options):
+    name, mode, head, _ = CASES[label]
+    return create_proposer(name, target, head=head().to(target.device), **mode, **options)
+
+
+def counting(proposer) -> list:
+    """Count ``proposer.propose`` calls (an instance attribute, which the decoder calls)."""
+    calls, inner = [], proposer.propose
+
+    def propose(state):
+        calls.append(1)
+        return inner(state)
+
+    proposer.propose = propose
+    return calls
+
+
+def oracle_driven(proposer, truth: list[int]) -> list:
+    """Run the proposer's own drafting every step, recording its drafts, but hand the decoder an oracle chain of 3
+    wrong at chosen positions, so the catch-up takes 1 to 4 new positions (ragged acceptance)."""
+    oracle = ScriptedProposer(truth, 3, VOCAB, wrong_positions={2, 7, 8, 13})
+    drafts, inner, begin = [], proposer.propose, proposer.begin_request
+
+    def propose(state):
+        draft = inner(state)
+        drafts.append((draft.tokens.cpu().clone(), draft.parents.cpu().clone()))
+        return oracle.propose(state)
+
+    def begin_request(prompt_ids):
+        begin(prompt_ids)
+        oracle.begin_request(prompt_ids)
+
+    proposer.propose, proposer.begin_request = propose, begin_request
+    return drafts
+
+
+PROMPTS = [random_prompt(12, 1), repetitive_prompt(4), random_prompt(7, 3)]
+
+
+def decode_all(target, proposer, prompts=PROMPTS):
+    proposer.reserve(80)  # the largest draft cache first: a cache that grows drops the graphs over it
+    decoder = Decoder(target, proposer, GenerationConfig(max_new_tokens=MAX_NEW))
+    return [decoder.generate(p) for p in prompts]
+
+
+@pytest.mark.parametrize("label", sorted(CASES))
+def test_each_kind_and_width_is_captured_once_then_replayed(label):
+    target = build_target(label, graph_backend=TargetCapture())  # the static engine, its steps "captured"
+    backend = FakeCapture()
+    proposer = build_proposer(label, target, graph_backend=backend)
+    graphs = proposer.captured.graphs
+    assert graphs.enabled and proposer.describe()["draft_graphs"] is True
+    calls = counting(proposer)
+    decode_all(target, proposer)
+    assert graphs.captures and all(n == 1 for n in graphs.captures.values()), graphs.captures
+    assert len(backend.graphs) == len(graphs.captures)
+    expands = {width: n for (kind, width), n in graphs.replays.items() if kind == EXPAND}
+    catch_ups = sum(n for (kind, _), n in graphs.replays.items() if kind == CATCH_UP)
+    assert expands == {w: per * len(calls) for w, per in CASES[label][3].items()}  # every depth of every propose
+    assert catch_ups == len(calls) - len(PROMPTS)  # the first catch-up of each request (its prompt) runs eagerly
+    assert {kind for kind, _ in graphs.captures} == {CATCH_UP, EXPAND}
+    assert proposer.describe()["draft_capture_seconds"] == graphs.capture_seconds > 0
+
+
+def test_graphs_follow_the_target():
+    """Capture exactly beside a StaticTarget that captures its steps; the eager engine and a CPU target without a
+    backend draft eagerly, and a reallocated draft cache drops the graphs."""
+    label = "eagle-chain"
+    static = build_target(label)
+    assert not static.cuda_graphs  # the CPU without a stand-in backend: no graphs for the target
+    assert not build_proposer(label, static, graph_backend=FakeCapture()).captured.enabled
+    assert not build_proposer(label, HFTarget(build("llama")),
+                              graph_backend=FakeCapture()).captured.enabled
+    graphed = build_target(label, graph_backend=TargetCapture())
+    assert not build_proposer(label, graphed).captured.enabled  # CPU: no CUDA graphs to take
+    assert not build_proposer(label, graphed, graph_backend=FakeCapture(), cuda_graphs=False).captured.enabled
+    proposer = build_proposer(label, graphed, graph_backend=FakeCapture())
+    decode_all(graphed, proposer, PROMPTS[:1])
+    before = dict(proposer.captured.graphs.captures)
+    proposer.reserve(4 * proposer.head.cache.capacity)  # a larger draft cache: the graphs over the old one go
+    decode_all(graphed, proposer, PROMPTS[:1])
+    assert set(proposer.captured.graphs.captures) == set(before)
+    assert all(n == 2 for n in proposer.captured.graphs.captures.values())
+
+
+def assert_same_decoding(target, label, make_backend, want_truth=None):
+    """Greedy outputs, counters and (oracle-driven, ragged acceptance) every draft of the captured proposer equal
+    the eager proposer's on the same static target."""
+    eager = build_proposer(label, target, cuda_graphs=False)
+    graphed = build_proposer(label, target, cuda_graphs=True, graph_backend=make_backend())
+    assert not eager.captured.enabled and graphed.captured.enabled
+    want, got = decode_all(target, eager), decode_all(target, graphed)
+    for w, g in zip(want, got):
+        assert g.output_token_ids == w.output_token_ids and g.counters == w.counters
+    if want_truth is not None:
+        assert [w.output_token_ids for w in want] == want_truth
+    assert sum(g.counters.num_drafts for g in got) > 0
+    truth = want[0].output_token_ids
+    eager = build_proposer(label, target, cuda_graphs=False)
+    graphed = build_proposer(label, target, cuda_graphs=True, graph_backend=make_backend())
+    want_drafts, got_drafts = oracle_driven(eager, truth), oracle_driven(graphed, truth)
+    want_ragged, got_ragged = decode_all(target, eager, PROMPTS[:1]), decode_all(target, graphed, PROMPTS[:1])
+    assert got_ragged[0].output_token_ids == want_ragged[0].output_token_ids == truth
+    assert got_ragged[0].counters == want_ragged[0].counters
+    assert len(got_drafts) == len(want_drafts) > 3
+    for (wt, wp), (gt, gp) in zip(want_drafts, got_drafts):
+        assert torch.equal(gt, wt) and torch.equal(gp, wp)
+    widths = {width for kind, width in graphed.captured.graphs.captures if kind == CATCH_UP}
+    assert len(widths) >= 3, widths  # several catch-up widths were captured and replayed
+    return graphed
+
+
+@pytest.mark.parametrize("label", sorted(CASES))
+def test_captured_drafting_decodes_and_drafts_as_eagerly(label):
+    target = build_target(label, graph_backend=TargetCapture())
+    plain = HFTarget(deep_llama() if label.startswith("eagle3") else build("llama"))
+    truth = [Decoder(plain, None, GenerationConfig(max_new_tokens=MAX_NEW)).generate(p).output_token_ids for p in PROMPTS]
+    assert_same_decoding(target, label, FakeCapture, truth)
+
+
+# --- CUDA: the real capture --------------------------------------------------------------------------------
+
+
+@pytest.mark.large_gpu(min_gb=1)
+@pytest.mark.parametrize("compile", [False, True])
+@pytest.mark.parametrize("label", sorted(CASES))
+def test_cuda_captured_drafting_decodes_and_drafts_as_eagerly(label, compile):
+    """On a GPU: the EAGLE proposers beside a StaticTarget replaying CUDA graphs (fp32, tiny random Llama) capture
+    their own forwards as CUDA graphs, and decode, draft (under ragged acceptance) and count as the eager proposer."""
+    target = build_target(label, "cuda", compile=compile)
+    assert target.cuda_graphs
+    auto = build_proposer(label, target)
+    assert auto.captured.enabled and auto.describe()["draft_graphs"] is True  # beside a capturing target: on
+    graphed = assert_same_decoding(target, label, lambda: None)
+    graphs = graphed.captured.graphs
+    assert graphs.captured and all(n == 1 for n in graphs.captures.values()) and graphs.capture_seconds > 0
