@@ -84,7 +84,15 @@ class BatchedKVCache:
 
     def advance(self, counts: list[int]) -> None:
         """Advance every slot's length by its own ``counts[b]`` (0 for idle slots), in one device op."""
-        self.lengths.add_(host_to_device(counts, self.lengths.device))  # (B,)
+        self.advance_device(host_to_device(counts, self.lengths.device))
+        self.mirror_advance(counts)
+
+    def advance_device(self, counts: torch.Tensor) -> None:
+        """The device half of ``advance``: ``counts`` ``(B,)`` already on the device; ``mirror_advance`` must follow."""
+        self.lengths.add_(counts)  # (B,)
+
+    def mirror_advance(self, counts: list[int]) -> None:
+        """The host half of ``advance``: the same counts, known on the host (after the step's readback)."""
         self.host_lengths = [n + c for n, c in zip(self.host_lengths, counts)]
 
     def new_slots(self, width: int) -> torch.Tensor:

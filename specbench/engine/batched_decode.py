@@ -1,8 +1,9 @@
 """The batched decode loop (offline serving): a prompt queue, B slots decoded together, slots refilled as requests end.
 
 Each step every active slot proposes, one batched verify scores all slots at the step kind's fixed
-width, each slot is verified on its own (greedy, or rejection sampling with its own generator) and
-commits its own ragged path; counters and output tokens are kept per request, as
+width, greedy verification judges all slots at once on the device (sampling: each slot with its own
+generator), each slot's ragged path is committed and its history appended by batch-wide device ops,
+and the host reads the step's outcome in one transfer; counters and output tokens are kept per request, as
 :class:`~specbench.engine.decode.Decoder` keeps them for one. A request that ends (EOS unless
 ignore_eos, or max_new_tokens) frees its slot, which the next queued prompt refills. Plain decoding
 is the same loop without a proposer (docs/batching.md).
@@ -16,13 +17,13 @@ from dataclasses import dataclass, field
 
 import torch
 
-from specbench.engine.batched_cache import host_to_device
 from specbench.engine.batched_proposers import BatchedProposer
 from specbench.engine.batched_target import BatchedStaticTarget, SlotInput
+from specbench.engine.batched_verification import BatchVerdict, read_step, verify_batch_greedy as verify_batch
 from specbench.engine.decode import GenerationConfig, GenerationResult, _synchronize, verify_step
 from specbench.engine.draft import Draft
 from specbench.engine.proposer import ProposerState
-from specbench.engine.verification import verify
+from specbench.engine.verification import verifies_greedily, verify
 from specbench.metrics import RequestTiming, SpecCounters
 
 _EMPTY_DRAFT = Draft.chain(torch.empty(0, dtype=torch.long))
@@ -47,19 +48,74 @@ class BatchedRunStats:
 
 @dataclass
 class _Slot:
-    """One request in flight: its device history, counters and clocks."""
+    """One request in flight: its host-side length, emitted tokens, counters and clocks (its device rows live in
+    the decoder's :class:`_History`)."""
 
     request: int
-    tokens: torch.Tensor  # (capacity,) prompt + emitted tokens; tokens[:length] is the history
-    length: int
+    length: int  # tokens in its history: prompt + emitted
     emitted: list[int]
-    hidden: torch.Tensor  # (H,) the target's hidden state that predicted tokens[length - 1]
     generator: torch.Generator
     admitted_at: float
     first_token_s: float
-    features: torch.Tensor | None = None  # (capacity, F) row i predicted tokens[i + 1] (feature-reading proposers)
     counters: SpecCounters = field(default_factory=SpecCounters)
     finished: bool = False
+
+
+class _History:
+    """Every slot's device history, updated for all B slots by a few device ops per step (no host read)."""
+
+    def __init__(self, batch_size: int, capacity: int, device: torch.device):
+        self.tokens = torch.zeros(batch_size, capacity, dtype=torch.long, device=device)  # (B, C) prompt + emitted
+        self.lengths = torch.zeros(batch_size, dtype=torch.long, device=device)  # (B,) tokens[b, :lengths[b]] is live
+        self.hidden: torch.Tensor | None = None  # (B, H) the target's hidden state that predicted each last token
+        self.features: torch.Tensor | None = None  # (B, C, F) row i predicted tokens[b, i + 1] (feature readers)
+
+    def admit(self, slot: int, prompt: torch.Tensor, first: int, hidden: torch.Tensor,
+              features: torch.Tensor | None) -> None:
+        """Slot ``slot`` starts a request: prompt ``(T,)``, its first token, hidden ``(H,)``, features ``(T, F)``."""
+        length = prompt.numel()
+        self.tokens[slot, :length] = prompt
+        self.tokens[slot, length] = first
+        self.lengths[slot] = length + 1
+        if self.hidden is None:
+            self.hidden = hidden.new_zeros(self.tokens.shape[0], hidden.numel())  # (B, H)
+        self.hidden[slot] = hidden
+        if features is not None:
+            if self.features is None:
+                self.features = features.new_zeros(*self.tokens.shape, features.shape[-1])  # (B, C, F)
+            self.features[slot, :length] = features
+
+    def ensure(self, needed: int) -> None:
+        """Room for ``needed`` tokens per row (a proposer drafting beyond its max_draft_tokens grows it)."""
+        grow = needed - self.tokens.shape[1]
+        if grow > 0:
+            self.tokens = torch.cat([self.tokens, self.tokens.new_zeros(self.tokens.shape[0], grow)], dim=1)
+            if self.features is not None:
+                self.features = torch.cat([self.features, self.features.new_zeros(
+                    self.features.shape[0], grow, self.features.shape[2])], dim=1)
+
+    def record(self, verdict: BatchVerdict, out) -> None:
+        """Append each slot's emitted tokens, the hidden state after its path and its path's features."""
+        _write_rows(self.tokens, self.lengths, verdict.emitted, verdict.kept)
+        hidden = out.hidden_states  # (B, W, H)
+        last = verdict.last_node()[:, None, None]  # (B, 1, 1)
+        self.hidden = hidden.gather(1, last.expand(-1, 1, hidden.shape[-1])).squeeze(1)  # (B, H) a new tensor
+        if self.features is not None:  # the accepted path's hidden states predicted the tokens emitted now
+            source = out.aux_hidden_states if out.aux_hidden_states is not None else hidden  # (B, W, F)
+            picked = source.gather(1, verdict.nodes[:, :, None].expand(-1, -1, source.shape[-1]))  # (B, W, F)
+            _write_rows(self.features, self.lengths - 1, picked, verdict.kept)
+        self.lengths.add_(verdict.kept)  # (B,)
+
+
+def _write_rows(buffer: torch.Tensor, start: torch.Tensor, values: torch.Tensor, count: torch.Tensor) -> None:
+    """``buffer[b, start[b] + i] = values[b, i]`` for ``i < count[b]``, every row at once and without a host read:
+    ``buffer`` ``(B, C, ...)``, ``start`` and ``count`` ``(B,)``, ``values`` ``(B, W, ...)``; other cells unchanged."""
+    batch, width = values.shape[:2]
+    offsets = torch.arange(width, device=values.device)  # (W,)
+    shape = (batch, width) + (1,) * (values.dim() - 2)
+    index = (start[:, None] + offsets).clamp(0, buffer.shape[1] - 1).view(shape).expand_as(values)  # (B, W, ...)
+    live = (offsets < count[:, None]).view(shape)  # (B, W, 1...)
+    buffer.scatter_(1, index, torch.where(live, values, buffer.gather(1, index)))
 
 
 class BatchedDecoder:
@@ -68,6 +124,7 @@ class BatchedDecoder:
     def __init__(self, target: BatchedStaticTarget, proposer: BatchedProposer | None, config: GenerationConfig):
         self.target, self.proposer, self.config = target, proposer, config
         self.stats = BatchedRunStats()
+        self._depth_lists: dict[int, tuple[torch.Tensor, list[int]]] = {}  # id -> (a tree's depths, as a list)
 
     @property
     def _draft_room(self) -> int:
@@ -88,6 +145,7 @@ class BatchedDecoder:
                 )
         longest = max(p.numel() for p in prompts) + self.config.max_new_tokens + self._draft_room
         self.target.reserve(longest, self._draft_room)
+        self._history = _History(self.target.batch_size, longest + 1, self.target.device)
         if self.proposer is not None:
             self.proposer.reserve(longest)
 
@@ -144,16 +202,11 @@ class BatchedDecoder:
         first = verify(_EMPTY_DRAFT, prefill.logits, self.config.sampling, generator)
         _synchronize(device)
         first_token_s = time.perf_counter() - admitted_at
-        tokens = torch.zeros(prompt.numel() + self.config.max_new_tokens + self._draft_room + 1, dtype=torch.long,
-                             device=device)  # (capacity,)
-        tokens[: prompt.numel()] = prompt.to(device)
-        tokens[prompt.numel()] = first.next_token
-        state = _Slot(index, tokens, prompt.numel() + 1, [first.next_token], prefill.hidden_states[-1], generator,
-                      admitted_at, first_token_s)
+        features = None
         if self.proposer is not None and self.proposer.needs_hidden_states:
-            source = prefill.aux_hidden_states if prefill.aux_hidden_states is not None else prefill.hidden_states
-            state.features = source.new_zeros(tokens.numel(), source.shape[-1])  # (capacity, F)
-            state.features[: prompt.numel()] = source
+            features = prefill.aux_hidden_states if prefill.aux_hidden_states is not None else prefill.hidden_states
+        self._history.admit(slot, prompt.to(device), first.next_token, prefill.hidden_states[-1], features)
+        state = _Slot(index, prompt.numel() + 1, [first.next_token], generator, admitted_at, first_token_s)
         state.finished = self._ended(state)
         if self.proposer is not None and not state.finished:
             self.proposer.begin_request(slot, prompt.to(device))
@@ -164,59 +217,81 @@ class BatchedDecoder:
         return state.emitted[-1] in eos or len(state.emitted) >= self.config.max_new_tokens
 
     def _step(self, slots: list[_Slot | None], active: list[int]) -> None:
-        """Propose for every active slot, verify all slots in one forward, verify and commit each slot."""
+        """Propose for every active slot, verify all slots in one forward, verify all slots at once (greedy) and
+        commit on the device; the host reads the step's outcome once, then does its per-request bookkeeping."""
         drafts = self._propose(slots, active)
         inputs: list[SlotInput | None] = [None] * len(slots)
-        nodes = {}  # slot -> its verify input's node count
         for b in active:
-            state, draft = slots[b], drafts[b]
-            if draft.tokens.device.type == "cpu":  # plain, n-gram, scripted: the whole input is host-known
-                # the root is the last emitted token (tokens[length - 1] of an active slot): no device read
-                ids = torch.tensor([state.emitted[-1], *draft.tokens.tolist()], dtype=torch.long)  # (N + 1,)
-            else:
-                ids = torch.cat([state.tokens[state.length - 1: state.length], draft.tokens.to(state.tokens.device)])  # (N + 1,)
-            nodes[b] = ids.numel()
-            inputs[b] = SlotInput(ids, draft.depths(), None if draft.is_chain else draft.tree_mask())
+            inputs[b] = self._input(slots[b].emitted[-1], drafts[b])
         out = self.target.verify(inputs)  # logits (B, W, V), hidden (B, W, H)
-        step_ids = self.target.verified_ids()  # (B, W) the verify input on the device
-        paths: list[list[int] | None] = [None] * len(slots)
-        emitted = {}
-        for b in active:
-            n = nodes[b]
-            paths[b], emitted[b] = verify_step(drafts[b], step_ids[b, :n], out.logits[b, :n], self.config.sampling,
-                                                 slots[b].generator)
-        self.target.commit(paths)
+        self._history.ensure(max(slots[b].length for b in active) + out.logits.shape[1])  # no row clamps a write
+        if verifies_greedily(self.config.sampling):
+            step = self.target.verified_step()  # ids (B, W), ancestors (B, W, W), counts (B,) on the device
+            verdict = verify_batch(step.ids, out.logits, step.ancestors, step.counts, chain=step.chain)
+            emitted = read_step(verdict).tokens  # the step's one device-to-host transfer, waited for below
+        else:
+            verdict, tokens = self._verify_sampled(slots, active, drafts, inputs, out)
+            emitted = lambda: tokens  # noqa: E731
+        self._history.record(verdict, out)
+        moved = [drafts[b].depth() + 1 for b in active if not drafts[b].is_chain]  # trees: paths may need moving
+        source = verdict.nodes[:, : max(moved)] if moved else None  # (B, P) P: the longest possible path
+        self.target.commit_accepted(verdict.kept, source, lambda: [len(t) for t in emitted()])
         self.stats.num_steps += 1
         self.stats.active_per_step.append(len(active))
+        tokens = emitted()
         for b in active:
-            self._advance(slots[b], drafts[b], paths[b], emitted[b], out, b)
+            self._record(slots[b], drafts[b], tokens[b])
+
+    def _input(self, root: int, draft: Draft) -> SlotInput:
+        """Slot input ``[root, *draft]``: the root is host-known; a draft on the target's device (Medusa, n-gram)
+        goes as the input's device-held tail, one held on the host for a GPU target (scripted) is packed on the
+        host; chain depths are ``0..N`` without reading the draft."""
+        if not len(draft):
+            return SlotInput([root], [0])
+        chain = draft.is_chain
+        depths = list(range(len(draft) + 1)) if chain else self._host_depths(draft.depths())
+        mask = None if chain else draft.tree_mask()
+        if draft.tokens.device != self.target.device:  # host-held (a CPU tensor): the whole input is host-known
+            return SlotInput([root, *draft.tokens.tolist()], depths, mask)
+        return SlotInput([root], depths, mask, tail=draft.tokens)
+
+    def _host_depths(self, depths: torch.Tensor) -> list[int]:
+        """A tree's depths ``(N + 1,)`` as a host list, read once per depths tensor: a static tree (Medusa) hands
+        every slot the same tensor at every step, so its depths cost no read and no copy after the first."""
+        cached = self._depth_lists.get(id(depths))
+        if cached is None or cached[0] is not depths:
+            if len(self._depth_lists) >= 8:  # per-step trees of other proposers: keep the cache small
+                self._depth_lists.clear()
+            cached = self._depth_lists[id(depths)] = (depths, depths.tolist())
+        return cached[1]
+
+    def _verify_sampled(self, slots, active, drafts, inputs, out) -> tuple[BatchVerdict, list[list[int]]]:
+        """Sampling: each slot verified on its own with its own generator (rejection sampling of chains on the
+        device, trees on the host), as the single-sequence loop does; the verdict goes back in one copy."""
+        step_ids = self.target.verified_ids()  # (B, W)
+        paths: list[list[int] | None] = [None] * len(slots)
+        emitted: list[list[int]] = [[] for _ in slots]
+        for b in active:
+            n = len(inputs[b])
+            paths[b], emitted[b] = verify_step(drafts[b], step_ids[b, :n], out.logits[b, :n], self.config.sampling,
+                                               slots[b].generator)
+        return BatchVerdict.from_host(paths, emitted, out.logits.shape[1], self.target.device), emitted
 
     def _propose(self, slots: list[_Slot | None], active: list[int]) -> dict[int, Draft]:
         if self.proposer is None:
             return {b: _EMPTY_DRAFT for b in active}
-        states = {}
+        history, states = self._history, {}
         for b in active:
-            s = slots[b]
-            states[b] = ProposerState(token_ids=s.tokens[: s.length], hidden_state=s.hidden,
-                                      hidden_states=None if s.features is None else s.features[: s.length - 1])
+            length = slots[b].length
+            states[b] = ProposerState(token_ids=history.tokens[b, :length], hidden_state=history.hidden[b],
+                                      hidden_states=None if history.features is None else history.features[b, : length - 1])
         drafts = self.proposer.propose(states)
         return {b: d if d is not None and len(d) else _EMPTY_DRAFT for b, d in drafts.items()}
 
-    def _advance(self, state: _Slot, draft: Draft, path: list[int], new: list[int], out, b: int) -> None:
-        """Record slot ``b``'s step: counters, hidden state, history, features, emitted tokens and its end."""
-        state.counters.record_step(draft.depth(), len(path) - 1)
-        state.hidden = out.hidden_states[b, path[-1]]  # (H,) predicted the last emitted token
-        end = state.length + len(new)
-        if end > state.tokens.numel():  # a proposer drafting beyond its max_draft_tokens
-            state.tokens = torch.cat([state.tokens, state.tokens.new_zeros(end - state.tokens.numel())])
-            if state.features is not None:
-                grow = state.features.new_zeros(end - state.features.shape[0], state.features.shape[1])
-                state.features = torch.cat([state.features, grow])
-        if state.features is not None:  # the accepted path's hidden states predicted the tokens emitted now
-            source = out.aux_hidden_states if out.aux_hidden_states is not None else out.hidden_states
-            state.features[state.length - 1: end - 1] = source[b, path]
-        state.tokens[state.length: end].copy_(host_to_device(new, state.tokens.device))  # no stream sync
-        state.length = end
+    def _record(self, state: _Slot, draft: Draft, new: list[int]) -> None:
+        """The host's bookkeeping of one slot's step: counters, length, emitted tokens and its end."""
+        state.counters.record_step(draft.depth(), len(new) - 1)
+        state.length += len(new)
         eos = () if self.config.ignore_eos else self.config.eos_token_ids
         for token in new:
             state.emitted.append(token)

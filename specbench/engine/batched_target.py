@@ -4,10 +4,11 @@ Each slot holds one request in its own row of a :class:`~specbench.engine.batche
 A verify step scores ``(B, W)`` nodes at the step kind's fixed width W (plain 1, chain K + 1, tree
 nodes + 1): slot b's nodes go right after its own committed entries and attend to them plus its own
 draft (causal for a chain, its tree mask for a tree); padding and idle slots are written beyond the
-committed lengths and never attended to by a real node. ``commit`` keeps a ragged number of accepted
-nodes per slot. Shapes are fixed per step kind, so each (kind, width) forward is captured once as a
-CUDA graph at the engine's B and replayed (engine/graph_capture.py, docs/batching.md); the inputs are
-packed on the host and copied into the graph's static buffers before each replay.
+committed lengths and never attended to by a real node. ``commit`` (host paths) or ``commit_accepted``
+(device tensors, nothing read back) keeps a ragged number of accepted nodes per slot. Shapes are fixed
+per step kind, so each (kind, width) forward is captured once as a CUDA graph at the engine's B and
+replayed (engine/graph_capture.py, docs/batching.md); the inputs are packed on the host and copied into
+the graph's static buffers before each replay.
 """
 
 from __future__ import annotations
@@ -26,11 +27,28 @@ from specbench.engine.target import TargetOutput
 
 @dataclass
 class SlotInput:
-    """One slot's verify input: ``[root, *draft]`` ``(N,)``, depths ``(N,)``, tree mask ``(N, N)`` or None (a chain)."""
+    """One slot's verify input: ``[root, *draft]`` ``(N,)``, depths ``(N,)``, tree mask ``(N, N)`` or None (a chain).
 
-    ids: torch.Tensor
-    depths: torch.Tensor
+    ``ids`` and ``depths`` are tensors or host lists; ``tail`` ``(M,)``, if given, is a device-held rest of the
+    ids (a proposer's draft) after the host-known ``ids`` (the root), so the slot has ``len(ids) + M`` nodes."""
+
+    ids: torch.Tensor | list[int]
+    depths: torch.Tensor | list[int]
     tree_mask: torch.Tensor | None = None
+    tail: torch.Tensor | None = None
+
+    def __len__(self) -> int:
+        return len(self.ids) + (0 if self.tail is None else self.tail.numel())
+
+
+@dataclass
+class VerifiedStep:
+    """The last verify's inputs on the device, valid until the next verify (what greedy verification reads)."""
+
+    ids: torch.Tensor  # (B, W) int64 row b's first counts[b] are [root, *draft]
+    ancestors: torch.Tensor  # (B, W, W) bool row i: node i and its ancestors (chains: causal; padded rows: at least self)
+    counts: torch.Tensor  # (B,) int64 real nodes per slot, 0 for idle slots
+    chain: bool  # a plain or chain step: every slot's input is a chain (its ancestor rows are causal)
 
 
 @dataclass
@@ -40,7 +58,6 @@ class _BatchBuffers:
     ids: torch.Tensor  # (B, W) int64, padded with token 0
     depths: torch.Tensor  # (B, W) int64 position offsets from each slot's cache end, padded with 0
     tree: torch.Tensor  # (B, W, W) bool; padded rows see only themselves
-    gather: torch.Tensor  # (B, W) int64 accepted nodes padded with the identity
     # host mirrors of what the device rows hold, so an unchanged row costs no copy: depths (B lists of W) and,
     # per slot, (the tree mask tensor last written into its tree rows, its nodes); None: not written yet
     host_depths: list | None = None
@@ -49,12 +66,10 @@ class _BatchBuffers:
     @classmethod
     def allocate(cls, batch: int, width: int, device) -> "_BatchBuffers":
         causal = torch.ones(width, width, dtype=torch.bool, device=device).tril_()  # (W, W) a chain's mask
-        identity = torch.arange(width, device=device)  # (W,)
         return cls(
             ids=torch.zeros(batch, width, dtype=torch.long, device=device),
             depths=torch.zeros(batch, width, dtype=torch.long, device=device),
             tree=causal.expand(batch, width, width).clone(),
-            gather=identity.expand(batch, width).clone(),
             host_depths=[[0] * width for _ in range(batch)],
             tree_rows=[None] * batch,
         )
@@ -65,7 +80,7 @@ def step_kind(inputs: list[SlotInput | None]) -> str:
     live = [x for x in inputs if x is not None]
     if any(x.tree_mask is not None for x in live):
         return "tree"
-    return "chain" if any(x.ids.numel() > 1 for x in live) else "plain"
+    return "chain" if any(len(x) > 1 for x in live) else "plain"
 
 
 class BatchedStaticTarget:
@@ -87,7 +102,8 @@ class BatchedStaticTarget:
         self._buffers: dict[tuple[str, int], _BatchBuffers] = {}  # (kind, width) -> its static inputs
         self._cache: BatchedKVCache | None = None
         self._pending: tuple[str, int, list[int]] | None = None  # (kind, width, nodes per slot, 0 for idle slots)
-        self._last_ids: torch.Tensor | None = None  # (B, W) the last verify's input ids, on the device
+        self._last_step: tuple | None = None  # the last verify's (kind, buffers, nodes per slot)
+        self._device_counts: tuple | None = None  # (nodes per slot, the same (B,) on the device) last copied
         self._ops = ops if ops is not None else (compiled_ops() if compile else EAGER_OPS)
         self.compiled = self._ops.compiled
         # one CUDA graph per (kind, width) at this B, all in one memory pool; eager on the CPU, with
@@ -188,13 +204,13 @@ class BatchedStaticTarget:
         if len(inputs) != self.batch_size:
             raise ValueError(f"verify takes one entry per slot ({self.batch_size}), got {len(inputs)}")
         kind = step_kind(inputs)
-        counts = [0 if x is None else x.ids.numel() for x in inputs]
+        counts = [0 if x is None else len(x) for x in inputs]
         width = self._width_for(kind, max(counts))
         self._check_room(kind, counts, width)
         buffers = self._fill(kind, width, inputs)
         logits, hidden, aux = self._graphs.run((kind, width), buffers, self._forward)  # (B * W, V), (B * W, H), ...
         self._pending = (kind, width, counts)
-        self._last_ids = buffers.ids
+        self._last_step = (kind, buffers, counts)
         self.verify_widths.setdefault(kind, Counter())[width] += 1
         copied = (kind, width) in self._graphs  # the next replay overwrites the graph's outputs: hand out copies
         batch = self.batch_size
@@ -215,9 +231,16 @@ class BatchedStaticTarget:
     def verified_ids(self) -> torch.Tensor:
         """(B, W) on the device: the last verify's input ids (row b's first N_b are ``[root, *draft]``), valid until
         the next verify; greedy verification reads them there instead of copying each slot's ids to the device."""
-        if self._last_ids is None:
-            raise ValueError("verified_ids before any verify")
-        return self._last_ids
+        return self.verified_step().ids
+
+    def verified_step(self) -> VerifiedStep:
+        """The last verify's ids, ancestor masks and node counts on the device (the counts in one async copy)."""
+        if self._last_step is None:
+            raise ValueError("verified_step before any verify")
+        kind, buffers, counts = self._last_step
+        if self._device_counts is None or self._device_counts[0] != counts:  # steady steps: the same counts
+            self._device_counts = (counts, host_to_device(counts, self.device))  # (B,)
+        return VerifiedStep(buffers.ids, buffers.tree, self._device_counts[1], chain=kind != "tree")
 
     def _width_for(self, kind: str, n: int) -> int:
         """The kind's fixed width: reserved, or set by its first step; a wider step widens it (a second shape)."""
@@ -245,16 +268,18 @@ class BatchedStaticTarget:
         buffers = self._buffers[(kind, width)]
         ids = [[0] * width for _ in inputs]  # (B, W) host-held ids, padded with token 0
         depths = [[0] * width for _ in inputs]  # (B, W)
-        device_ids, device_depths = [], []  # (slot, (N,) device tensor)
+        device_ids, device_depths = [], []  # (slot, first column, (M,) device tensor)
         for slot, x in enumerate(inputs):
             if x is None:
                 continue
             for rows, parts, values in ((ids, device_ids, x.ids), (depths, device_depths, x.depths)):
-                if values.device.type == "cpu":
-                    flat = values.flatten().tolist()
+                if isinstance(values, list) or values.device.type == "cpu":
+                    flat = values if isinstance(values, list) else values.flatten().tolist()
                     rows[slot][: len(flat)] = flat
                 else:
-                    parts.append((slot, values.flatten()))
+                    parts.append((slot, 0, values.flatten()))
+            if x.tail is not None:
+                device_ids.append((slot, len(x.ids), x.tail.flatten()))
         buffers.ids.copy_(host_to_device(ids, self.device))
         _scatter_rows(buffers.ids, device_ids, self.device)
         if device_depths or depths != buffers.host_depths:  # plain steps and steady chains: nothing to copy
@@ -271,7 +296,7 @@ class BatchedStaticTarget:
         for slot, x in enumerate(inputs):
             if x is None:
                 continue
-            n = x.ids.numel()
+            n = len(x)
             written = buffers.tree_rows[slot]
             if written is not None and written[0] is x.tree_mask and written[1] == n:
                 continue
@@ -298,21 +323,34 @@ class BatchedStaticTarget:
                 raise ValueError(f"slot {slot}: accepted nodes must be ascending distinct indices below {n}, root first; "
                                  f"got {path}")
             kept.append(0 if path is None else len(path))
-        moved = [slot for slot, path in enumerate(accepted) if path is not None and path != list(range(len(path)))]
+        moved = any(path is not None and path != list(range(len(path))) for path in accepted)
+        source = None
         if moved:
-            buffers = self._buffers[(kind, width)]
             rows = [list(range(width)) if p is None else p + list(range(len(p), width)) for p in accepted]
-            buffers.gather.copy_(host_to_device(rows, self.device))  # (B, W) the identity beyond each path
-            self._cache.gather_new(buffers.gather)
-        self._cache.advance(kept)
+            source = host_to_device(rows, self.device)  # (B, W) the identity beyond each path
+        self.commit_accepted(host_to_device(kept, self.device), source, lambda: kept)
+
+    @torch.inference_mode()
+    def commit_accepted(self, kept: torch.Tensor, source: torch.Tensor | None, host_kept) -> None:
+        """Commit from device tensors, nothing read back: ``kept`` ``(B,)`` nodes per slot (0 idle), ``source``
+        ``(B, P)`` each slot's accepted nodes ascending then the identity (None: every path is a prefix, nothing
+        moves; P >= the longest path). The device work is queued first, then ``host_kept()`` (the host's list of
+        ``kept``, e.g. the step's readback) advances the host mirror of the lengths."""
+        if self._pending is None:
+            raise ValueError("commit without a verify to commit")
+        if source is not None:
+            self._cache.gather_new(source)  # (B, P)
+        self._cache.advance_device(kept)
+        self._cache.mirror_advance(host_kept())
         self._pending = None
 
 
-def _scatter_rows(buffer: torch.Tensor, parts: list[tuple[int, torch.Tensor]], device: torch.device) -> None:
-    """``buffer[slot, :N] = values`` ``(N,)`` for every (slot, values) of ``parts``, device-held, in one indexed write."""
+def _scatter_rows(buffer: torch.Tensor, parts: list[tuple[int, int, torch.Tensor]], device: torch.device) -> None:
+    """``buffer[slot, start:start + M] = values`` ``(M,)`` for every (slot, start, values) of ``parts``, device-held,
+    in one indexed write."""
     if not parts:
         return
-    rows = [slot for slot, values in parts for _ in range(values.numel())]  # (M,)
-    cols = [i for _, values in parts for i in range(values.numel())]  # (M,)
-    index = host_to_device([rows, cols], device)  # (2, M)
-    buffer[index[0], index[1]] = torch.cat([values for _, values in parts]).to(buffer.dtype)  # (M,)
+    rows = [slot for slot, _, values in parts for _ in range(values.numel())]  # (T,)
+    cols = [start + i for _, start, values in parts for i in range(values.numel())]  # (T,)
+    index = host_to_device([rows, cols], device)  # (2, T)
+    buffer[index[0], index[1]] = torch.cat([values for _, _, values in parts]).to(buffer.dtype)  # (T,)

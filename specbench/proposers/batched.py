@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from typing import Callable
 
 import torch
@@ -15,14 +16,32 @@ from specbench.proposers.ngram import NgramProposer
 
 class BatchedMedusaProposer(BatchedProposer):
     """A :class:`~specbench.proposers.medusa.MedusaProposer`'s heads run once over the ``(n, H)`` last hidden
-    states of the n active slots; each slot's chain or tree is then built by the proposer's own code."""
+    states of the n active slots, and every slot's draft tokens are picked from them in one op: the chain's
+    top-1 per head, or the tree's top-k candidates. All slots share the draft's shape (parents, depths, mask),
+    built once by the proposer's own code, so no per-slot device op or host read runs in ``propose``."""
 
     def __init__(self, medusa):
         self.medusa = medusa
+        heads = medusa.heads.config
+        device = next(medusa.heads.parameters()).device
+        template = medusa.draft_from_logits(torch.zeros(medusa.depth, heads.vocab_size, device=device))  # (depth, V)
+        template.depths(), template.depth(), template.is_chain  # computed once here, shared by every slot's draft
+        self._template = template
+        tree = medusa.tree  # its (top_k, max_depth, (N,) candidate indices), read once
+        self._tree = None if tree is None else (tree.top_k, tree.max_depth, tree.candidate_indices.to(device))
 
     @property
     def max_draft_tokens(self) -> int:
         return self.medusa.max_draft_tokens
+
+    def _tokens(self, logits: torch.Tensor) -> torch.Tensor:
+        """(depth, n, V) head logits -> (n, N) every slot's draft tokens, as ``draft_from_logits`` picks them."""
+        if self._tree is None:
+            return logits.argmax(dim=-1).T  # (n, K)
+        top_k, max_depth, candidates = self._tree
+        topk = logits.topk(top_k, dim=-1).indices  # (depth, n, top_k), best first
+        table = topk[:max_depth].permute(1, 0, 2).reshape(topk.shape[1], -1)  # (n, max_depth * top_k)
+        return table[:, candidates]  # (n, N)
 
     @torch.inference_mode()
     def propose(self, states: dict[int, ProposerState]) -> dict[int, Draft | None]:
@@ -32,8 +51,15 @@ class BatchedMedusaProposer(BatchedProposer):
         if any(states[s].hidden_state is None for s in slots):
             raise ValueError("the Medusa proposer reads each slot's last hidden state, but the decode loop passed none")
         hidden = torch.stack([states[s].hidden_state for s in slots])  # (n, H)
-        logits = self.medusa.head_logits(hidden)  # (depth, n, V)
-        return {slot: self.medusa.draft_from_logits(logits[:, i]) for i, slot in enumerate(slots)}  # (depth, V) each
+        tokens = self._tokens(self.medusa.head_logits(hidden))  # (n, N)
+        return {slot: self._draft(tokens[i]) for i, slot in enumerate(slots)}
+
+    def _draft(self, tokens: torch.Tensor) -> Draft:
+        """The template's shape over one slot's tokens ``(N,)``: a shallow copy (no re-validation, nothing on the
+        device), since the shape was built and checked once."""
+        draft = copy.copy(self._template)
+        draft.tokens = tokens
+        return draft
 
     def describe(self) -> dict:
         return {**self.medusa.describe(), "batching": "batched heads"}

@@ -1,0 +1,172 @@
+"""Where the batched decode loop's per-step host time goes as B grows: wall time per phase on a tiny random Llama.
+
+Each phase is a method or function of the loop wrapped with ``time.perf_counter`` (the device synchronised
+around it on CUDA, so queued GPU work is charged to the phase that launched it); ``other`` is the step's time
+outside the named phases (building the verify inputs, the loop's own bookkeeping). Phases that the loop
+does not have are skipped, so the same script profiles older and newer forms of the loop. The model is tiny
+and eager, so on the CPU the figures are almost all host work: how it grows with B is the point.
+
+    python bench/profile_batched_step.py [--batch-sizes 1,8,32] [--runs plain,medusa-chain,medusa-tree]
+        [--new-tokens 32] [--device cpu] [--hidden 64] [--repeats 3] [--threads 1] [--json OUT.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from specbench.engine import batched_decode  # noqa: E402
+from specbench.engine.batched_decode import BatchedDecoder  # noqa: E402
+from specbench.engine.batched_target import BatchedStaticTarget  # noqa: E402
+from specbench.engine.decode import GenerationConfig  # noqa: E402
+from specbench.engine.static_target import StaticTarget  # noqa: E402
+from specbench.medusa.heads import MedusaHeads, MedusaHeadsConfig  # noqa: E402
+from specbench.proposers.batched import for_batch  # noqa: E402
+from specbench.proposers.medusa import MedusaProposer  # noqa: E402
+
+TREE = [[0], [1], [2], [0, 0], [0, 1], [1, 0], [0, 0, 0], [0, 0, 1], [0, 0, 0, 0]]
+# (phase, where it lives: "decoder", "target", "graphs", "module" = batched_decode's namespace or "history" = its
+# _History class, attribute); phases the loop lacks are skipped
+PHASES = (
+    ("refill", "decoder", "_refill"),
+    ("propose", "decoder", "_propose"),
+    ("pack", "target", "_fill"),
+    ("forward", "graphs", "run"),
+    ("verify", "module", "verify_step"),
+    ("verify", "module", "verify_batch"),
+    ("readback", "module", "read_step"),
+    ("commit", "target", "commit"),
+    ("commit", "target", "commit_accepted"),
+    ("history", "history", "record"),
+    ("advance", "decoder", "_advance"),
+    ("advance", "decoder", "_record"),
+    ("finish", "decoder", "_finish"),
+)
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class PhaseClock:
+    """Wall seconds and calls per phase; ``wrap`` times a callable (device synchronised before and after)."""
+
+    def __init__(self, device: torch.device):
+        self.device, self.seconds, self.calls = device, defaultdict(float), defaultdict(int)
+
+    def wrap(self, name: str, fn):
+        def timed(*args, **kwargs):
+            sync(self.device)
+            start = time.perf_counter()
+            out = fn(*args, **kwargs)
+            sync(self.device)
+            self.seconds[name] += time.perf_counter() - start
+            self.calls[name] += 1
+            return out
+        return timed
+
+
+def instrument(clock: PhaseClock, decoder: BatchedDecoder) -> list:
+    """Wrap the loop's phases (instance attributes, batched_decode's functions); returns the undo list."""
+    owners = {"decoder": decoder, "target": decoder.target, "graphs": decoder.target.graphs, "module": batched_decode,
+              "history": getattr(batched_decode, "_History", None)}  # a class: its method is wrapped, then restored
+    undo = []
+    for name, where, attribute in PHASES:
+        owner = owners[where]
+        if owner is None or not hasattr(owner, attribute):
+            continue
+        original = getattr(owner, attribute)
+        setattr(owner, attribute, clock.wrap(name, original))
+        undo.append((owner, attribute, original, where in ("module", "history")))
+    decoder._step = clock.wrap("step", decoder._step)
+    return undo
+
+
+def tiny_target(hidden: int, vocab: int, device: str) -> StaticTarget:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                         initializer_range=0.2, bos_token_id=None, eos_token_id=None, pad_token_id=None)
+    torch.manual_seed(0)
+    return StaticTarget.from_hf_model(LlamaForCausalLM(config).eval().to(device))
+
+
+def tiny_heads(hidden: int, vocab: int, device: str) -> MedusaHeads:
+    torch.manual_seed(1)
+    heads = MedusaHeads(MedusaHeadsConfig(5, 1, hidden, vocab, True))
+    for name, p in heads.named_parameters():
+        torch.nn.init.normal_(p, std=0.5 if name.endswith("bias") else 0.2)
+    return heads.to(device)
+
+
+def proposer_for(run: str, static: StaticTarget, heads: MedusaHeads):
+    if run == "plain":
+        return None
+    options = {"num_speculative_tokens": 3} if run == "medusa-chain" else {"tree": TREE}
+    return MedusaProposer.from_options(static, heads=heads, **options)
+
+
+def profile(static, heads, run: str, batch: int, args) -> dict:
+    """One timed run of ``batch`` x 2 prompts at ``batch`` slots (after an untimed warm-up); ms per step by phase."""
+    gen = torch.Generator().manual_seed(batch)
+    prompts = [torch.randint(0, args.vocab, (int(n),), generator=gen) for n in torch.randint(4, 24, (2 * batch,), generator=gen)]
+    config = GenerationConfig(max_new_tokens=args.new_tokens, ignore_eos=True)
+    target = BatchedStaticTarget.from_static_target(static, batch)
+    BatchedDecoder(target, for_batch(proposer_for(run, static, heads), batch), config).generate_all(prompts[:batch])
+    decoder = BatchedDecoder(target, for_batch(proposer_for(run, static, heads), batch), config)
+    clock = PhaseClock(static.device)
+    undo = instrument(clock, decoder)
+    start = time.perf_counter()
+    decoder.generate_all(prompts)
+    total = time.perf_counter() - start
+    for owner, attribute, original, restore in undo:
+        if restore:
+            setattr(owner, attribute, original)
+    steps = decoder.stats.num_steps
+    inner = sum(s for n, s in clock.seconds.items() if n not in ("step", "refill", "finish"))
+    per_step = {n: s / steps * 1e3 for n, s in clock.seconds.items()}
+    per_step["other"] = (clock.seconds["step"] - inner) / steps * 1e3
+    return {"run": run, "batch_size": batch, "steps": steps, "total_ms": total * 1e3, "ms_per_step": per_step}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--batch-sizes", default="1,8,32", help="comma-separated B values")
+    parser.add_argument("--runs", default="plain,medusa-chain,medusa-tree", help="plain, medusa-chain, medusa-tree")
+    parser.add_argument("--new-tokens", type=int, default=32)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--hidden", type=int, default=64)
+    parser.add_argument("--vocab", type=int, default=256)
+    parser.add_argument("--repeats", type=int, default=3, help="timed runs per point; each phase's fastest is kept")
+    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (1: steadier host timings)")
+    parser.add_argument("--json", help="also write the figures here")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    static = tiny_target(args.hidden, args.vocab, args.device)
+    heads = tiny_heads(args.hidden, args.vocab, args.device)
+    rows = []
+    for run in args.runs.split(","):
+        for batch in (int(b) for b in args.batch_sizes.split(",")):
+            runs = [profile(static, heads, run, batch, args) for _ in range(args.repeats)]
+            row = {**runs[0], "ms_per_step": {name: min(r["ms_per_step"][name] for r in runs) for name in runs[0]["ms_per_step"]}}
+            rows.append(row)
+            phases = sorted(row["ms_per_step"].items(), key=lambda kv: -kv[1])
+            print(f"{run:13} B={batch:<3} {row['steps']:4} steps  " +
+                  "  ".join(f"{name} {ms:.3f}" for name, ms in phases) + "  (ms/step)")
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1), encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
