@@ -52,6 +52,24 @@ class RankFailed(RuntimeError):
         super().__init__(f"rank {rank} failed: {error_type}: {message}{also}")
 
 
+class TorchrunRankFailed(Exception):
+    """This process, one of torchrun's ranks, raised during its share of a tensor-parallel case. Its peers
+    wait on it inside a collective, so the group cannot run another case: ``specbench run`` reports it (the
+    rank, the case, the cause) and exits non-zero, and torchrun stops the other ranks. Deliberately neither a
+    RuntimeError nor a ValueError, so that no per-case fault handler catches it and runs the next case."""
+
+    def __init__(self, rank: int, world_size: int, label: str, cause: BaseException):
+        self.rank, self.world_size, self.cause = rank, world_size, cause
+        what = f"{type(cause).__name__}: {(str(cause).strip().splitlines() or [''])[0]}"
+        self.peer_loss = any(hint in str(cause) for hint in PEER_LOSS_HINTS)
+        if self.peer_loss:  # a consequence: the rank that failed first says why
+            message = (f"rank {rank} of {world_size} (torchrun) lost another rank in {label} ({what}); that "
+                       "rank's error is the cause")
+        else:
+            message = f"rank {rank} of {world_size} (torchrun) failed in {label}: {what}"
+        super().__init__(message)
+
+
 def default_backend() -> str:
     """nccl where CUDA is available, else gloo."""
     return "nccl" if torch.cuda.is_available() else "gloo"

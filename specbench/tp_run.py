@@ -9,8 +9,8 @@ import torch
 
 from specbench.case_loop import decode_case
 from specbench.cases import Case, expand_ref
-from specbench.distributed import (RankContext, RankFailed, TensorParallelCaseError, environment_record,
-                                   init_from_env, launch)
+from specbench.distributed import (RankContext, RankFailed, TensorParallelCaseError, TorchrunRankFailed,
+                                   environment_record, init_from_env, launch)
 from specbench.env import with_distributed
 from specbench.run_parts import RunResult, build_proposer, load_target
 
@@ -110,17 +110,24 @@ def check_ranks_agree(case: Case, rank0: RunResult, others: list[list[tuple]]) -
 
 def _in_torchrun_group(case: Case, progress: bool) -> RunResult:
     """Under torchrun (WORLD_SIZE > 1 already set): join its group (left joined for the next case), run this
-    rank, check on every rank that all ranks emitted the same tokens, and return this rank's result."""
+    rank, check on every rank that all ranks emitted the same tokens, and return this rank's result. A rank
+    that raises on its share raises TorchrunRankFailed: its peers are stuck in a collective, so the process
+    must end (``specbench run`` exits non-zero and torchrun stops the others) rather than run the next case."""
     import torch.distributed as dist
 
     world_size = int(os.environ["WORLD_SIZE"])
     if world_size != case.tensor_parallel:
         raise ValueError(f"{_label(case)} runs under torchrun with WORLD_SIZE={world_size}; start torchrun with "
                          f"--nproc-per-node {case.tensor_parallel}, or set tensor_parallel = {world_size}")
-    context = init_from_env(backend_for(case))
-    mine = rank_result(context, case, progress)
-    everyone = [None] * world_size
-    dist.all_gather_object(everyone, request_tokens(mine.requests))
+    try:
+        context = init_from_env(backend_for(case))
+        mine = rank_result(context, case, progress)
+        everyone = [None] * world_size
+        dist.all_gather_object(everyone, request_tokens(mine.requests))
+    except Exception as err:
+        raise TorchrunRankFailed(int(os.environ.get("RANK", "0")), world_size, _label(case), err) from err
+    # every rank checks the same gathered tokens, so every rank takes the same verdict: a case error, the
+    # group still in step for the next case
     check_ranks_agree(case, _tokens_result(case, everyone[0]), everyone[1:])
     return mine
 

@@ -321,16 +321,39 @@ def _torchrun_peer() -> bool:
 
 
 def _run_as_peer(args: argparse.Namespace) -> int:
-    """A torchrun rank other than 0: its share of each case, silently; rank 0 prints, gates, writes and records."""
+    """A torchrun rank other than 0: its share of each case, silently (no table, no --output, no history, no
+    baselines; rank 0 says what it skips); rank 0 prints, gates, writes and records."""
     cases, _ = _cases_to_run(args)
     with open(os.devnull, "w") as sink, contextlib.redirect_stdout(sink):
-        entries = _run_cases(_runnable(cases, False), True)
+        with contextlib.redirect_stderr(sink):
+            runnable = _runnable(cases, False)
+        entries = _run_cases(runnable, True)
     return 1 if any("error" in entry for entry in entries) else 0
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    if _torchrun_peer():
-        return _run_as_peer(args)
+    """``specbench run``. Under torchrun (docs/tensor_parallel.md) every rank runs this; a rank that fails on
+    its share of a case says so (naming the rank) and exits 1, and torchrun stops the other ranks."""
+    from specbench.distributed import TorchrunRankFailed, teardown
+    from specbench.tp_run import under_torchrun
+
+    try:
+        code = _run_as_peer(args) if _torchrun_peer() else _run_and_report(args)
+    except TorchrunRankFailed as failure:
+        # no teardown: the peers may be inside a collective with this rank; torchrun ends them
+        if args.verbose and not failure.peer_loss:
+            import traceback
+
+            traceback.print_exception(failure.cause, file=sys.stderr)
+        print(f"specbench: error: {failure}", file=sys.stderr, flush=True)
+        return 1
+    if under_torchrun():
+        teardown()  # every rank is past its last collective: leave torchrun's group before exiting
+    return code
+
+
+def _run_and_report(args: argparse.Namespace) -> int:
+    """Run the cases, print the table and the gate lines, write --output, the history or the baselines."""
     from specbench.batch_run import curves
     from specbench.gating.baselines import BaselineStore
     from specbench.harness import to_json, write_json_atomic
