@@ -199,7 +199,8 @@ def test_draft_model_through_the_per_slot_fallback_equals_its_single_sequence_ru
 
 def test_a_proposer_without_a_batched_form_needs_a_factory(reference):
     static, _, _, _ = reference
-    draft = DraftModelProposer.from_options(static, draft=static, num_speculative_tokens=2)
+    # a sampled draft has no batched form (a greedy one does: tests/test_batched_draft.py)
+    draft = DraftModelProposer.from_options(static, draft=static, num_speculative_tokens=2, temperature=1.0)
     with pytest.raises(ValueError, match=r"DraftModelProposer keeps per-request state .* pass factory="):
         for_batch(draft, 2)
 

@@ -38,7 +38,7 @@ class BatchedProposer(ABC):
 
 class PerSlotProposer(BatchedProposer):
     """One single-sequence :class:`Proposer` per slot, called in turn (n-gram on each slot's host mirror; the
-    draft model and EAGLE unbatched for now: docs/batching.md)."""
+    EAGLE and sampled draft models unbatched for now: docs/batching.md)."""
 
     def __init__(self, proposers: list[Proposer]):
         if not proposers:

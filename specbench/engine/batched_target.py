@@ -171,6 +171,20 @@ class BatchedStaticTarget:
         """Free a finished slot: its length returns to 0, so its idle padding stays inside the cache."""
         self._cache.reset_slot(slot)
 
+    def truncate(self, lengths: dict[int, int]) -> None:
+        """Drop committed entries beyond ``lengths[slot]`` in each given slot (a draft model's rejected tokens), in
+        one host-to-device copy of every slot's length; the other slots keep theirs."""
+        if self._pending is not None:
+            raise ValueError("truncate between a verify and its commit; call commit() first")
+        new = list(self._cache.host_lengths)
+        for slot, length in lengths.items():
+            if not 0 < length <= new[slot]:
+                raise ValueError(f"truncate slot {slot} to {length}: needs a committed cache of at least that many "
+                                 f"tokens (holds {new[slot]})")
+            new[slot] = length
+        self._cache.lengths.copy_(host_to_device(new, self.device))  # (B,)
+        self._cache.host_lengths = new
+
     # -- forwards ------------------------------------------------------------------------------------
 
     @torch.inference_mode()

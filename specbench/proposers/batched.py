@@ -1,4 +1,4 @@
-"""Batched forms of the runtime proposers: Medusa heads run once over all slots; n-gram and the rest one per slot."""
+"""Batched forms of the runtime proposers: Medusa heads and draft models run over all slots at once; the rest per slot."""
 
 from __future__ import annotations
 
@@ -10,6 +10,8 @@ import torch
 from specbench.engine.batched_proposers import BatchedProposer, PerSlotProposer
 from specbench.engine.draft import Draft
 from specbench.engine.proposer import Proposer, ProposerState
+from specbench.proposers.batched_draft import BatchedDraftModelProposer, PerSlotDraftModelProposer
+from specbench.proposers.draft_model import DraftModelProposer
 from specbench.proposers.medusa import MedusaProposer
 from specbench.proposers.ngram import NgramProposer
 
@@ -66,12 +68,19 @@ class BatchedMedusaProposer(BatchedProposer):
 
 
 def for_batch(proposer: Proposer | None, batch_size: int, factory: Callable[[], Proposer] | None = None):
-    """The batched form of a proposer: Medusa batched; n-gram one per slot with its settings; anything else one
-    per slot from ``factory`` (a proposer keeps per-request state, so one instance cannot serve two slots)."""
+    """The batched form of a proposer: Medusa and a greedy draft model batched; n-gram one per slot with its
+    settings; anything else (a sampled draft model, EAGLE, ...) one per slot from ``factory`` (a proposer keeps
+    per-request state, so one instance cannot serve two slots)."""
     if proposer is None and factory is None:
         return None
     if isinstance(proposer, MedusaProposer):
         return BatchedMedusaProposer(proposer)
+    if isinstance(proposer, DraftModelProposer):
+        batched = BatchedDraftModelProposer.from_proposer(proposer, batch_size)
+        if batched is not None:
+            return batched
+        if factory is not None:
+            return PerSlotDraftModelProposer.build(factory, batch_size)
     if factory is None and isinstance(proposer, NgramProposer):
         settings = proposer.describe()
         factory = lambda: NgramProposer(settings["num_speculative_tokens"], settings["min_n"], settings["max_n"])  # noqa: E731

@@ -1,0 +1,176 @@
+"""The batched draft-model proposer: on the reference model and its draft (fp32, CPU, greedy) every request of a
+batched run drafts exactly what the single-sequence proposer drafts and produces the tokens and counters it
+produces alone, at B = 1, 3 and B larger than the queue (mixed prompt lengths, EOS at different steps, refills);
+``for_batch`` picks it; the draft runs K batched forwards per verify step whatever B and the step's readback stays
+its one host read; a sampled draft stays per slot."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specbench.engine.batched_decode import BatchedDecoder
+from specbench.engine.batched_target import BatchedStaticTarget
+from specbench.engine.decode import Decoder
+from specbench.engine.static_target import StaticTarget
+from specbench.proposers.batched import for_batch
+from specbench.proposers.batched_draft import BatchedDraftModelProposer, PerSlotDraftModelProposer
+from specbench.proposers.draft_model import DraftModelProposer
+import test_batched_engine
+from test_batched_engine import assert_each_request_as_alone
+from test_batched_graphs import FakeCapture
+from test_batched_host_sync import counted_run
+
+reference = test_batched_engine.reference  # the fixture: the reference target, 4 prompts, its GenerationConfig
+
+DRAFT = "specbench-ref/gsm8k-tiny-draft"
+
+
+@pytest.fixture(scope="module")
+def draft_model():
+    return StaticTarget.from_pretrained(DRAFT, dtype=torch.float32, device="cpu")
+
+
+def single_proposer(static, draft, k: int, temperature: float = 0.0) -> DraftModelProposer:
+    """A single-sequence draft-model proposer with its own draft cache over the shared draft weights."""
+    return DraftModelProposer.from_options(static, draft=StaticTarget(draft.module, draft.config),
+                                           num_speculative_tokens=k, temperature=temperature)
+
+
+def decode_alone_recording(static, draft, prompts, config, k: int):
+    """Each prompt through the single-sequence Decoder; (results, each request's drafts as token lists)."""
+    results, drafts = [], []
+    for prompt in prompts:
+        proposer, seen = single_proposer(static, draft, k), []
+        propose = proposer.propose
+        proposer.propose = lambda state: _keep(seen, propose(state))
+        results.append(Decoder(static, proposer, config).generate(prompt))
+        drafts.append(seen)
+    return results, drafts
+
+
+def _keep(seen: list, draft):
+    seen.append(draft.tokens.tolist())
+    return draft
+
+
+def draft_forwards(proposer: BatchedDraftModelProposer) -> int:
+    """Batched verify forwards the draft target has run (prefills not counted)."""
+    return sum(sum(widths.values()) for widths in proposer.target.verify_widths.values())
+
+
+def decode_batched_recording(static, draft, prompts, config, k: int, batch_size: int):
+    """The prompts through BatchedDecoder with ``for_batch``'s form of the draft-model proposer; returns (results,
+    decoder, each request's drafts, per propose call (active slots, slots new to the draft, draft forwards))."""
+    proposer = for_batch(single_proposer(static, draft, k), batch_size)
+    assert isinstance(proposer, BatchedDraftModelProposer)
+    request_of, drafts, calls, new = {}, [[] for _ in prompts], [], set()
+    begin, propose = proposer.begin_request, proposer.propose
+
+    def begin_request(slot, prompt_ids):
+        request_of[slot] = next(i for i, p in enumerate(prompts) if torch.equal(p, prompt_ids.cpu()))
+        new.add(slot)
+        begin(slot, prompt_ids)
+
+    def propose_recording(states):
+        before = draft_forwards(proposer)
+        out = propose(states)
+        calls.append((len(states), len(new & set(states)), draft_forwards(proposer) - before))
+        new.difference_update(states)
+        for slot, d in out.items():
+            drafts[request_of[slot]].append(d.tokens.tolist())
+        return out
+
+    proposer.begin_request, proposer.propose = begin_request, propose_recording
+    decoder = BatchedDecoder(BatchedStaticTarget.from_static_target(static, batch_size), proposer, config)
+    return decoder.generate_all(prompts), decoder, drafts, calls
+
+
+@pytest.fixture(scope="module")
+def alone_k3(reference, draft_model):
+    static, _, prompts, config = reference
+    return decode_alone_recording(static, draft_model, prompts, config, 3)
+
+
+@pytest.mark.parametrize("batch_size", [1, 3, 6])  # 6 > the 4 prompts: idle slots from the start
+def test_batched_draft_model_equals_the_single_sequence_run(reference, draft_model, alone_k3, batch_size):
+    static, _, prompts, config = reference
+    alone, alone_drafts = alone_k3
+    assert len({p.numel() for p in prompts}) == len(prompts)  # mixed prompt lengths
+    ends = [len(r.output_token_ids) for r in alone if r.finish_reason == "eos"]
+    assert {r.finish_reason for r in alone} == {"eos", "length"} and len(set(ends)) == len(ends) > 1  # EOS, many steps
+    assert sum(r.counters.num_accepted_tokens for r in alone) > 0
+    assert any(r.counters.num_accepted_tokens < r.counters.num_draft_tokens for r in alone)  # rejections: truncations
+    batched, decoder, drafts, calls = decode_batched_recording(static, draft_model, prompts, config, 3, batch_size)
+    assert drafts == alone_drafts  # every draft of every request, token for token
+    assert_each_request_as_alone(batched, alone)
+    assert decoder.stats.num_refills == max(0, len(prompts) - batch_size)
+    assert len(calls) == decoder.stats.num_steps
+    widths = decoder.proposer.target.verify_widths
+    assert set(widths["chain"]) == {2} and widths["chain"][2] > 0  # two-token catch-ups: every draft token accepted
+    # K = 3 draft forwards per verify step whatever B (K - 1 when every slot was just prefilled), not B x K
+    assert all(forwards == (2 if fresh == active else 3) for active, fresh, forwards in calls), calls
+    if batch_size > 1:
+        assert max(active for active, _, _ in calls) == min(batch_size, len(prompts))
+
+
+@pytest.mark.parametrize("k", [1, 5])
+def test_other_draft_lengths_equal_the_single_sequence_run(reference, draft_model, k):
+    """K = 1 (the catch-up step alone) and a K whose accepted runs reach the two-token catch-up."""
+    static, _, prompts, config = reference
+    alone, alone_drafts = decode_alone_recording(static, draft_model, prompts[:3], config, k)
+    batched, decoder, drafts, calls = decode_batched_recording(static, draft_model, prompts[:3], config, k, 2)
+    assert drafts == alone_drafts
+    assert_each_request_as_alone(batched, alone)
+    assert decoder.stats.num_refills == 1
+    assert all(forwards == (k - 1 if fresh == active else k) for active, fresh, forwards in calls), calls
+    assert any(active == 2 for active, _, _ in calls)
+
+
+@pytest.mark.parametrize("batch_size", [1, 3])
+def test_each_step_reads_the_device_once_with_the_batched_draft(reference, draft_model, alone_k3, batch_size,
+                                                                monkeypatch):
+    """Argmaxes on the device, catch-up counts from host-known lengths: the step's readback is its only host read."""
+    static, _, prompts, config = reference
+    batched, decoder, steps = counted_run(static, lambda target: single_proposer(target, draft_model, 3), prompts,
+                                          config, batch_size, monkeypatch)
+    assert isinstance(decoder.proposer, BatchedDraftModelProposer)
+    assert_each_request_as_alone(batched, alone_k3[0])
+    assert len(steps) == decoder.stats.num_steps > 0 and set(steps) == {(1, 1)}, steps
+
+
+def test_the_draft_steps_replay_captured_graphs_as_eagerly(reference, draft_model, alone_k3):
+    """Through the CPU stand-in of a CUDA graph: the draft target captures its two step keys once and replays them."""
+    static, _, prompts, config = reference
+    proposer = for_batch(single_proposer(static, draft_model, 3), 3)
+    proposer.target = BatchedStaticTarget.from_static_target(draft_model, 3, cuda_graphs=True, graph_backend=FakeCapture())
+    decoder = BatchedDecoder(BatchedStaticTarget.from_static_target(static, 3), proposer, config)
+    assert_each_request_as_alone(decoder.generate_all(prompts), alone_k3[0])
+    graphs = proposer.target.graphs
+    assert graphs.captures == {("plain", 1): 1, ("chain", 2): 1} and min(graphs.replays.values()) > 1, graphs.replays
+
+
+def test_for_batch_keeps_a_sampled_draft_per_slot(reference, draft_model):
+    static, _, _, _ = reference
+    greedy = for_batch(single_proposer(static, draft_model, 3), 2)
+    assert isinstance(greedy, BatchedDraftModelProposer) and greedy.target.batch_size == 2
+    assert greedy.target.module is draft_model.module  # the draft's weights are shared, not copied
+    described = greedy.describe()
+    assert described["name"] == "draft" and described["num_speculative_tokens"] == 3
+    assert described["batching"].startswith("batched draft model")
+    sampled = single_proposer(static, draft_model, 3, temperature=1.0)
+    with pytest.raises(ValueError, match=r"DraftModelProposer keeps per-request state .* pass factory="):
+        for_batch(sampled, 2)
+    per_slot = for_batch(sampled, 2, factory=lambda: single_proposer(static, draft_model, 3, temperature=1.0))
+    assert isinstance(per_slot, PerSlotDraftModelProposer) and len(per_slot.proposers) == 2
+    assert per_slot.describe()["batching"] == "per-slot (temperature > 0 draft: not batched)"
+
+
+def test_truncate_refuses_lengths_beyond_the_committed_cache(draft_model):
+    target = BatchedStaticTarget.from_static_target(draft_model, 2)
+    target.reserve(32, 1)
+    target.prefill(0, torch.arange(3, 9))
+    target.truncate({0: 4})
+    assert target._cache.host_lengths == [4, 0] and target._cache.lengths.tolist() == [4, 0]
+    with pytest.raises(ValueError, match=r"truncate slot 0 to 5: .* \(holds 4\)"):
+        target.truncate({0: 5})
