@@ -15,6 +15,7 @@ from specbench.proposers.batched import for_batch
 from specbench.engine.batched_target import BatchedStaticTarget
 from specbench.engine.decode import GenerationConfig
 from specbench.engine.static_target import StaticTarget
+from specbench.engine.step_costs import measure_batched_step_costs
 from specbench.env import environment_fingerprint
 from specbench.gating.curves import curve_name
 from specbench.metrics import aggregate
@@ -23,8 +24,6 @@ from specbench.run_parts import (RunResult, _request_record, build_proposer, gen
 from specbench.speed import measurement_flags, repeat_record, speed_over_repeats
 
 SWEEP_SCHEMA_VERSION = 1
-# the batched loop has no step-cost measurement yet (docs/batching.md): its step-cost figures are NaN
-_NO_STEP_COSTS = {"t1_s": math.nan, "verify_s": math.nan, "draft_s": math.nan, "verify_width": None}
 # what a repeat record of a batched run adds to repeat_record's; each becomes the median metric of the run
 BATCH_REPEAT_METRICS = ("throughput_tokens_per_s", "plain_throughput_tokens_per_s", "batch_speedup")
 
@@ -76,9 +75,11 @@ def throughput(results: list, wall_s: float) -> float:
     return sum(r.timing.num_output_tokens for r in results) / wall_s if wall_s > 0 else math.nan
 
 
-def batch_repeat_record(repeat: int, records: list[dict], spec: list, spec_s: float, plain: list, plain_s: float) -> dict:
-    """One repeat of a batched run: repeat_record's figures (no step costs yet) plus its throughputs."""
-    record = repeat_record(repeat, records, _NO_STEP_COSTS)
+def batch_repeat_record(repeat: int, records: list[dict], spec: list, spec_s: float, plain: list, plain_s: float,
+                        costs) -> dict:
+    """One repeat of a batched run: repeat_record's figures, from its step costs at B (``BatchedStepCosts`` or its
+    dict), plus its throughputs."""
+    record = repeat_record(repeat, records, costs)
     spec_rate, plain_rate = throughput(spec, spec_s), throughput(plain, plain_s)
     record.update(throughput_tokens_per_s=spec_rate, plain_throughput_tokens_per_s=plain_rate,
                   batch_speedup=spec_rate / plain_rate if plain_rate > 0 else math.nan,
@@ -99,9 +100,23 @@ def batch_metrics(case: Case, repeats: list[dict], spec: list, peak: int | None)
     return out
 
 
+def batch_prediction_error(metrics: dict) -> float:
+    """A batch point's step costs predict its batch speedup: measured batch_speedup / predicted_speedup - 1."""
+    predicted, measured = metrics["predicted_speedup"], metrics["batch_speedup"]
+    return measured / predicted - 1 if predicted > 0 and math.isfinite(measured) else math.nan
+
+
+def batch_measurement_flags(metrics: dict) -> list[dict]:
+    """speed.measurement_flags of a batch point: its prediction is checked against its batch speedup."""
+    flags = measurement_flags({**metrics, "decode_speedup": metrics["batch_speedup"]})
+    return [{**flag, "message": flag["message"].replace("measured decode-phase speedup", "measured batch speedup", 1)}
+            for flag in flags]
+
+
 def run_batched_case(case: Case, *, progress: bool = True, target=None, tokenizer=None, proposer=None):
     """Run ``case`` at ``case.batch_size`` through the BatchedDecoder: plain batched decoding, then speculative,
-    per repeat, over the whole prompt set with the same seeds; per-request records as run_case writes them."""
+    per repeat, over the whole prompt set with the same seeds, then the step costs at B; per-request records as
+    run_case writes them."""
     if case.batch_sizes is not None:
         raise ValueError(f"case {case.case_id} is a batch_sizes sweep {case.batch_sizes}: run its points "
                          "(cases.expand_batch_sizes, as load_suite does)")
@@ -122,23 +137,29 @@ def run_batched_case(case: Case, *, progress: bool = True, target=None, tokenize
         BatchedDecoder(target, proposer_now, warm).generate_all(ids[: case.batch_size])
 
     _reset_peak_memory(target.device)
-    records, repeats, first = [], [], None
+    records, repeats, first, peaks = [], [], None, []
     bar = tqdm(total=2 * case.repeats, desc=case.case_id, unit="run", disable=not progress)
     for repeat in range(case.repeats):
         plain, plain_s = _timed_run(plain_decoder, ids, seeds, target.device)
         bar.update()
         spec, spec_s = _timed_run(spec_decoder, ids, seeds, target.device)
         bar.update()
+        peaks.append(_peak_memory(target.device))  # the timed runs' peak, not the step costs'
+        # T(1), T(W) and propose at B, all slots active, on the same target between runs (docs/batching.md)
+        costs = measure_batched_step_costs(target, batched_proposer, ids)
+        _reset_peak_memory(target.device)
         now = [_request_record(pid, s, p, repeat) for (pid, _), s, p in zip(prompts, spec, plain)]
         records += now
-        repeats.append(batch_repeat_record(repeat, now, spec, spec_s, plain, plain_s))
+        repeats.append(batch_repeat_record(repeat, now, spec, spec_s, plain, plain_s, costs))
         first = first or (plain, spec, spec_decoder.stats)  # every repeat decodes the same tokens (same seeds)
     bar.close()
     plain, spec, stats = first
 
     metrics = aggregate([r.counters for r in spec], [r.timing for r in spec])
     metrics.update(speed_over_repeats(repeats))
-    metrics.update(batch_metrics(case, repeats, spec, _peak_memory(target.device)))
+    peak = max((p for p in peaks if p is not None), default=None)
+    metrics.update(batch_metrics(case, repeats, spec, peak))
+    metrics["speedup_prediction_error"] = batch_prediction_error(metrics)
     correctness = lossless_report([r.output_token_ids for r in plain], [r.output_token_ids for r in spec],
                                   checked=config.sampling.rule == "greedy")
     details = {
@@ -151,13 +172,15 @@ def run_batched_case(case: Case, *, progress: bool = True, target=None, tokenize
     }
     created_at = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     env = environment_fingerprint(device=case.device, dtype=case.dtype)
-    return RunResult(case, metrics, records, correctness, env, details, created_at, repeats, measurement_flags(metrics))
+    return RunResult(case, metrics, records, correctness, env, details, created_at, repeats,
+                     batch_measurement_flags(metrics))
 
 
 # ---- curves: results that differ only in batch size --------------------------------------------------------
 
+# verify_cost_ratio: T(W)/T(1) at B, whose growth with B is why speculation stops paying at large batch
 CURVE_FIELDS = ("throughput_tokens_per_s", "plain_throughput_tokens_per_s", "batch_speedup", "acceptance_rate",
-                "mean_acceptance_length")
+                "mean_acceptance_length", "verify_cost_ratio", "predicted_speedup")
 
 
 def _curve_key(result: dict) -> str:

@@ -6,6 +6,7 @@ plus a draft of the case's proposer (width K + 1 for a chain, nodes + 1 for a tr
 ``propose`` call. Each is timed with the device synchronised before and after, on a freshly prefilled
 prompt, ``reps`` times after ``warmup`` untimed calls; the medians are kept. Ratios of the three do not
 depend on how fast the host is, which is why they are gated tightly where absolute timings are not.
+``measure_batched_step_costs`` times the same three at batch size B, every slot active (docs/batching.md).
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from specbench.engine.batched_proposers import BatchedProposer
+from specbench.engine.batched_target import BatchedStaticTarget, SlotInput
 from specbench.engine.draft import Draft
 from specbench.engine.proposer import Proposer, ProposerState
 from specbench.engine.target import Target
@@ -52,6 +55,11 @@ class StepCosts:
         return {**asdict(self), "verify_cost_ratio": self.verify_cost_ratio, "draft_cost_ratio": self.draft_cost_ratio}
 
 
+def _check_reps(reps: int, warmup: int) -> None:
+    if reps < 1 or warmup < 0:
+        raise ValueError(f"step costs need reps >= 1 and warmup >= 0, got reps={reps}, warmup={warmup}")
+
+
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -73,8 +81,7 @@ def measure_step_costs(target: Target, proposer: Proposer | None, prompt_ids, *,
     Without a proposer the draft verify is the plain one and the draft cost 0; a proposer that drafts nothing
     there is charged its ``propose`` time and the verify of a chain of its ``max_draft_tokens``.
     """
-    if reps < 1 or warmup < 0:
-        raise ValueError(f"step costs need reps >= 1 and warmup >= 0, got reps={reps}, warmup={warmup}")
+    _check_reps(reps, warmup)
     device = target.device
     prompt = torch.as_tensor(prompt_ids, dtype=torch.long).flatten()  # (T,)
     prefill = target.prefill(prompt)
@@ -114,3 +121,96 @@ def measure_step_costs(target: Target, proposer: Proposer | None, prompt_ids, *,
     t1 = statistics.median(verify_times(Draft.chain(torch.empty(0, dtype=torch.long))))
     verify = statistics.median(verify_times(draft)) if len(draft) else t1
     return StepCosts(t1_s=t1, verify_s=verify, draft_s=statistics.median(draft_times), verify_width=len(draft) + 1, reps=reps)
+
+
+# ---- at batch size B -----------------------------------------------------------------------------------
+
+
+@dataclass
+class BatchedStepCosts(StepCosts):
+    """StepCosts at batch size B: each verify and ``propose`` call covers all B slots at once."""
+
+    batch_size: int = 1
+
+
+def _slot_input(root: int, draft: Draft, device: torch.device) -> SlotInput:
+    """``[root, *draft]`` as the batched decode loop feeds a slot: a draft held on the target's device goes as the
+    input's device-held tail, a host-held one is packed on the host; chain depths are ``0..N``."""
+    if not len(draft):
+        return SlotInput([root], [0])
+    depths = list(range(len(draft) + 1)) if draft.is_chain else draft.depths().tolist()  # (N + 1,) root first
+    mask = None if draft.is_chain else draft.tree_mask()  # (N + 1, N + 1) or None
+    if draft.tokens.device != device:
+        return SlotInput([root, *draft.tokens.tolist()], depths, mask)
+    return SlotInput([root], depths, mask, tail=draft.tokens)
+
+
+@torch.inference_mode()
+def measure_batched_step_costs(target: BatchedStaticTarget, proposer: BatchedProposer | None, prompts, *,
+                               reps: int = DEFAULT_REPS, warmup: int = DEFAULT_WARMUP) -> BatchedStepCosts:
+    """T(1) and T(W) at B = ``target.batch_size`` with every slot active, and one batched ``propose`` over B slots.
+
+    Slot b is prefilled with ``prompts[b % len(prompts)]`` (token ids); T(1) is the plain step (width 1 per slot),
+    T(W) the verify of each slot's root plus its draft from ``proposer``'s last timed ``propose`` (W: the step's
+    fixed per-slot width, K + 1 for a chain, nodes + 1 for a tree; a slot that drafted nothing is charged a chain
+    of ``max_draft_tokens``, as measure_step_costs does). Needs a reserved target with idle slots (between runs);
+    after each timed verify the slots keep the root alone and are truncated back to their prompts, so every timed
+    step starts from the same cache state, and every slot is released at the end (the proposer's slots are
+    begun anew by the next run's admissions)."""
+    _check_reps(reps, warmup)
+    device, batch = target.device, target.batch_size
+    # slot b's prompt (T_b,), the run's prompt set over again where B is larger
+    prompt_ids = [torch.as_tensor(prompts[b % len(prompts)], dtype=torch.long).flatten() for b in range(batch)]
+    features_needed = proposer is not None and proposer.needs_hidden_states
+    roots, states = [], {}
+    for b, prompt in enumerate(prompt_ids):
+        prefill = target.prefill(b, prompt)
+        root = prefill.logits[-1].argmax().reshape(1).to(device)  # (1,) the slot's first output token
+        roots.append(int(root))
+        features = None
+        if features_needed:  # (T_b, F) row i predicted prompt[i + 1]
+            features = prefill.aux_hidden_states if prefill.aux_hidden_states is not None else prefill.hidden_states
+        states[b] = ProposerState(token_ids=torch.cat([prompt.to(device), root]),  # (T_b + 1,)
+                                  hidden_state=prefill.hidden_states[-1], hidden_states=features)  # (H,), (T_b, F)
+
+    drafts, draft_times = {}, []
+    if proposer is not None:
+        for b, prompt in enumerate(prompt_ids):
+            proposer.begin_request(b, prompt.to(device))
+        for i in range(warmup + reps):
+            seconds, drafts = _timed(device, lambda: proposer.propose(states))
+            if i >= warmup:
+                draft_times.append(seconds)
+    full = proposer.max_draft_tokens if proposer is not None else 0
+
+    def draft_of(slot: int) -> Draft:
+        draft = drafts.get(slot)
+        if draft is not None and len(draft):
+            return draft
+        # nothing drafted for this slot: the full-width chain every speculative step is charged with
+        return Draft.chain(torch.full((full,), roots[slot], dtype=torch.long))
+
+    lengths = {b: prompt.numel() for b, prompt in enumerate(prompt_ids)}
+
+    def verify_times(inputs: list[SlotInput]) -> tuple[list[float], int]:
+        """(seconds of the timed calls, the step's width W: the kind's fixed width, which may pad the widest slot)."""
+        times, width = [], 1
+        for i in range(warmup + reps):
+            seconds, out = _timed(device, lambda: target.verify(inputs))  # logits (B, W, V)
+            width = out.logits.shape[1]
+            target.commit([[0]] * batch)
+            target.truncate(lengths)  # back to the prompts: every timed verify starts from the same cache state
+            if i >= warmup:
+                times.append(seconds)
+        return times, width
+
+    t1 = statistics.median(verify_times([SlotInput([root], [0]) for root in roots])[0])
+    step = [_slot_input(roots[b], draft_of(b), device) for b in range(batch)]
+    verify, width = t1, 1
+    if max(len(x) for x in step) > 1:
+        times, width = verify_times(step)
+        verify = statistics.median(times)
+    for b in range(batch):
+        target.release(b)
+    return BatchedStepCosts(t1_s=t1, verify_s=verify, draft_s=statistics.median(draft_times) if draft_times else 0.0,
+                            verify_width=width, reps=reps, batch_size=batch)
