@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch.overrides import TorchFunctionMode
 
 from specbench.engine import batched_decode
 from specbench.engine.batched_decode import BatchedDecoder
@@ -24,24 +23,10 @@ from specbench.proposers.batched import for_batch
 from specbench.proposers.ngram import NgramProposer
 from test_batched_engine import (assert_each_request_as_alone, decode_alone, eos_mid_run, random_heads,
                                  tiny_llama_model, tiny_proposers)
+from _host_reads import HostReads
 from _prompts import random_prompt, repetitive_prompt
 
-# the tensor methods through which the host reads a tensor's values (each one a stream sync on a GPU)
-HOST_READS = {"tolist", "item", "__bool__", "__int__", "__float__", "__index__", "numpy", "cpu", "nonzero"}
 LABELS = ["plain", "medusa-chain", "medusa-tree"]
-
-
-class HostReads(TorchFunctionMode):
-    """Counts the host reads of tensor values made while active."""
-
-    def __init__(self):
-        super().__init__()
-        self.count = 0
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        if getattr(func, "__name__", None) in HOST_READS:
-            self.count += 1
-        return func(*args, **(kwargs or {}))
 
 
 @pytest.fixture(scope="module")

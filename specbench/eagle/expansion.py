@@ -9,7 +9,7 @@ from typing import Callable
 
 import torch
 
-from specbench.engine.draft import Draft
+from specbench.engine.draft import Draft, ancestor_mask
 from specbench.engine.tree import TreeBuffers
 
 # expand(tokens (W,), features (W, H), depth, ancestors (W, A) bool) -> (hidden (W, H), logits (W, V)):
@@ -122,11 +122,17 @@ def select_nodes(scores: torch.Tensor, parents: torch.Tensor, total_tokens: int)
 def draft_dynamic_tree(root_hidden: torch.Tensor, root_logits: torch.Tensor, expand: Expander, *, top_k: int,
                        depth: int, total_tokens: int) -> Draft:
     """EAGLE-2: expand the top_k best frontier nodes by cumulative draft log-probability, top_k children each, up
-    to ``depth``; keep the ``total_tokens`` best of every candidate scored."""
+    to ``depth``; keep the ``total_tokens`` best of every candidate scored.
+
+    The draft's shape comes built on the device, with no host read (docs/eagle.md#host-reads-per-step): each
+    candidate's depth is its level, the ancestor mask is the closure of the kept parents (at most ``depth``
+    levels), and the draft verifies as a tree; only its longest path (the deepest kept level) is left to the
+    step's one readback, which the device verification fills in."""
     device = root_hidden.device
     scores, tokens = torch.log_softmax(root_logits.float(), dim=-1).topk(top_k)  # (k,) each
     all_scores, all_tokens = [scores], [tokens]
     all_parents = [torch.full((top_k,), -1, dtype=torch.long, device=device)]
+    all_levels = [torch.ones(top_k, dtype=torch.long, device=device)]  # each candidate's depth: its level
     frontier = torch.arange(top_k, device=device)  # (k,) candidate index of each frontier node
     features = root_hidden.expand(top_k, -1)  # (k, H) each frontier node reads its parent's output
     itself = torch.eye(top_k, dtype=torch.bool, device=device)  # (k, k) each new frontier node sees itself
@@ -139,10 +145,17 @@ def draft_dynamic_tree(root_hidden: torch.Tensor, root_logits: torch.Tensor, exp
         all_scores.append(child_scores)
         all_tokens.append(child_tokens.flatten())
         all_parents.append(frontier.repeat_interleave(top_k))
+        all_levels.append(torch.full((top_k * top_k,), level + 1, dtype=torch.long, device=device))
         scores, best = child_scores.topk(top_k)  # (k,) the next frontier
         source = best // top_k  # (k,) the frontier row each comes from
         frontier, tokens, features = offset + best, child_tokens.flatten()[best], hidden[source]
         sees = torch.cat([sees[source], itself], dim=1)  # (k, k * (level + 1))
         offset += top_k * top_k
     keep, parents = select_nodes(torch.cat(all_scores), torch.cat(all_parents), total_tokens)
-    return Draft(tokens=torch.cat(all_tokens)[keep], parents=parents)
+    depths = torch.cat([torch.zeros(1, dtype=torch.long, device=device), torch.cat(all_levels)[keep]])  # (N + 1,)
+    # one path iff top_k is 1; never one when more nodes are kept than there are levels; else only the parents
+    # tell (a host read, kept exact for sampling's chain rule: a rare setting, total_tokens <= depth)
+    chain = True if top_k == 1 else (False if total_tokens > depth else None)
+    return Draft(tokens=torch.cat(all_tokens)[keep], parents=parents, precomputed_depths=depths,
+                 precomputed_tree_mask=ancestor_mask(parents, depth), precomputed_is_chain=chain,
+                 precomputed_depth=total_tokens if top_k == 1 else None)

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from specbench.engine.batched_cache import host_to_device
 from specbench.engine.draft import Draft
 from specbench.engine.sampling import SamplingParams
 from specbench.engine.target import Target
@@ -131,10 +132,14 @@ class Decoder:
                 tokens = torch.cat([tokens, tokens.new_zeros(end - tokens.numel())])
                 if features is not None:
                     features = torch.cat([features, features.new_zeros(end - features.shape[0], features.shape[1])])
+            # host-known indices and tokens go up without a stream sync (a pinned, asynchronous copy on CUDA)
             if features is not None:  # the accepted path's hidden states predicted the tokens emitted now
                 step = out.aux_hidden_states if out.aux_hidden_states is not None else out.hidden_states
-                features[length - 1: end - 1] = step[accepted_nodes]
-            tokens[length:end] = torch.tensor(new, dtype=torch.long)
+                kept = len(accepted_nodes)
+                contiguous = accepted_nodes[-1] == kept - 1  # a chain's path (ascending from 0): a slice
+                rows = slice(0, kept) if contiguous else host_to_device(accepted_nodes, step.device)
+                features[length - 1: end - 1] = step[rows]
+            tokens[length:end] = host_to_device(new, device)
             length = end
             for token in new:
                 emitted.append(token)

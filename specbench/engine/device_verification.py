@@ -19,7 +19,9 @@ def greedy_on_device(
     (the accepted draft tokens, then ``next_token``). Every tensor op stays on the device; the only
     device-to-host transfer is one ``.tolist()`` of a packed int64 tensor. ``is_chain`` overrides
     ``draft.is_chain`` (a chain-shaped tree verifies alike either way); a tree reads its ancestor matrix from
-    ``draft.tree_mask()``, which the draft computes once (a static tree's buffers hold it precomputed).
+    ``draft.tree_mask()``, which the draft computes once (a static tree's buffers hold it precomputed). A tree
+    draft whose longest path is not known on the host yet (EAGLE-2's) gets it from the same readback, so the
+    decode loop's ``draft.depth()`` costs no second one.
     """
     n = len(draft)
     device = logits.device
@@ -46,10 +48,16 @@ def greedy_on_device(
         score = on_path.long() * ((depth + 1) * (n + 1) - index)  # (N + 1,) root scores n + 1 > 0
         best = score.argmax(dim=0, keepdim=True)  # (1,)
         path_row = ancestors[best[0]].long()  # (N + 1,) 1 on the path from the root to best
-        packed = torch.cat([best, target[best], verify_ids, path_row])  # (2N + 4,)
+        parts = [best, target[best], verify_ids, path_row]
+        learn_depth = draft.precomputed_depth is None  # (EAGLE-2) the longest path rides on the same readback
+        if learn_depth:
+            parts.append(depth.max().reshape(1))
+        packed = torch.cat(parts)  # (2N + 4,) or (2N + 5,)
         values = packed.tolist()
         next_token = values[1]
-        row = values[n + 3 :]
+        row = values[n + 3 : 2 * n + 4]
+        if learn_depth:
+            draft.precomputed_depth = values[-1]  # what Draft.depth() would read: the deepest node's depth
         accepted = [node for node in range(n + 1) if row[node]]  # ascending: parents precede children
     host_ids = values[2 : n + 3]
     emitted = [host_ids[node] for node in accepted[1:]] + [next_token]

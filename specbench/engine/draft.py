@@ -4,6 +4,11 @@ The verify input of one step is ``[root, draft_0, ..., draft_{N-1}]`` where the 
 emitted token (not yet in the KV cache). ``parents[i]`` is the verify-input index of draft i's
 parent: 0 is the root, ``j + 1`` is draft j. Parents always precede children, so a chain of K
 tokens has ``parents = [0, 1, ..., K-1]``.
+
+Nothing here reads a tensor's values on the host unless a shape was neither given nor derivable on the device:
+the depths and the ancestor mask are built with tensor ops on the parents' device (no device-to-host sync), and a
+builder that knows them (a chain, a static tree, EAGLE-2's dynamic tree) hands them over precomputed, which also
+skips the validation of ``parents`` (a host read) (docs/eagle.md#host-reads-per-step).
 """
 
 from __future__ import annotations
@@ -25,7 +30,9 @@ class Draft:
     precomputed_depths: torch.Tensor | None = field(default=None, repr=False, compare=False)  # (N + 1,)
     precomputed_tree_mask: torch.Tensor | None = field(default=None, repr=False, compare=False)  # (N + 1, N + 1)
     # known on the host by whoever built the draft (a chain, a static tree): reading them off device-resident
-    # parents would cost a device-to-host sync every decode step
+    # parents would cost a device-to-host sync every decode step. ``precomputed_is_chain`` False means "verify as a
+    # tree" (a chain-shaped tree verifies alike). A depth left None (EAGLE-2: the deepest selected level is known
+    # on the device only) is filled by the device verification from the step's one readback (greedy_on_device)
     precomputed_is_chain: bool | None = field(default=None, repr=False, compare=False)
     precomputed_depth: int | None = field(default=None, repr=False, compare=False)
 
@@ -36,11 +43,12 @@ class Draft:
                 f"Draft.tokens and Draft.parents must be 1-D of equal length, got shapes "
                 f"{tuple(self.tokens.shape)} and {tuple(self.parents.shape)}"
             )
-        node_index = torch.arange(1, n + 1, device=self.parents.device)
-        if n and self.precomputed_depths is None and not bool(((self.parents >= 0) & (self.parents < node_index)).all()):
-            raise ValueError(
-                f"Draft.parents must point to an earlier node (0 = root), got {self.parents.tolist()}"
-            )
+        if n and self.precomputed_depths is None:  # a shape handed over precomputed was validated by its builder
+            node_index = torch.arange(1, n + 1, device=self.parents.device)  # (N,)
+            if not bool(((self.parents >= 0) & (self.parents < node_index)).all()):  # a host read
+                raise ValueError(
+                    f"Draft.parents must point to an earlier node (0 = root), got {self.parents.tolist()}"
+                )
         if self.draft_probs is not None and self.draft_probs.shape[0] != n:
             raise ValueError(f"Draft.draft_probs has {self.draft_probs.shape[0]} rows for {n} draft tokens")
 
@@ -48,7 +56,8 @@ class Draft:
     def chain(cls, tokens: torch.Tensor, draft_probs: torch.Tensor | None = None) -> "Draft":
         """A linear draft: each token continues the previous one."""
         parents = torch.arange(tokens.numel(), dtype=torch.long, device=tokens.device)  # (K,)
-        return cls(tokens=tokens.long(), parents=parents, draft_probs=draft_probs,
+        depths = torch.arange(tokens.numel() + 1, dtype=torch.long, device=tokens.device)  # (K + 1,) a node's index
+        return cls(tokens=tokens.long(), parents=parents, draft_probs=draft_probs, precomputed_depths=depths,
                    precomputed_is_chain=True, precomputed_depth=tokens.numel())
 
     def __len__(self) -> int:
@@ -61,26 +70,35 @@ class Draft:
         return self.precomputed_is_chain
 
     def depths(self) -> torch.Tensor:
-        """(N + 1,) depth of every verify-input node; the root has depth 0."""
+        """(N + 1,) depth of every verify-input node; the root has depth 0 (on the parents' device)."""
         if self.precomputed_depths is None:
-            parents = self.parents.tolist()
-            depth = [0] * (len(parents) + 1)
-            for i, p in enumerate(parents):
-                depth[i + 1] = depth[p] + 1
-            self.precomputed_depths = torch.tensor(depth, dtype=torch.long)
+            self.precomputed_depths = self.tree_mask().sum(dim=1) - 1  # ancestors and itself, less itself
         return self.precomputed_depths
 
     def depth(self) -> int:
         """Length of the longest candidate path: the draft tokens this step counts (metrics.py)."""
         if self.precomputed_depth is None:
-            self.precomputed_depth = int(self.depths().max()) if len(self) else 0
+            self.precomputed_depth = int(self.depths().max()) if len(self) else 0  # the one host read, if not known
         return self.precomputed_depth
 
     def tree_mask(self) -> torch.Tensor:
-        """(N + 1, N + 1) bool: row i attends to column j iff j is i or an ancestor of i."""
+        """(N + 1, N + 1) bool: row i attends to column j iff j is i or an ancestor of i (on the parents' device)."""
         if self.precomputed_tree_mask is None:
-            mask = torch.eye(len(self) + 1, dtype=torch.bool)
-            for i, p in enumerate(self.parents.tolist(), start=1):
-                mask[i] |= mask[p]
-            self.precomputed_tree_mask = mask
+            self.precomputed_tree_mask = ancestor_mask(self.parents, len(self))  # no node is deeper than N
         return self.precomputed_tree_mask
+
+
+def ancestor_mask(parents: torch.Tensor, max_depth: int) -> torch.Tensor:
+    """(N + 1, N + 1) bool ancestor closure of ``parents`` ``(N,)`` (verify-input index of each node's parent, 0 =
+    the root) for trees no deeper than ``max_depth``: row i holds i and all its ancestors.
+
+    Tensor ops only, on the parents' device (no host read): pointer jumping, ``ceil(log2(max_depth + 1))`` rounds
+    of ``mask |= mask[up]; up = up[up]``, where row i covers the ancestors less than ``2^r`` levels up after r
+    rounds and ``up`` is the ancestor ``2^r`` levels up (the root is its own parent)."""
+    n = parents.numel()
+    up = torch.cat([parents.new_zeros(1), parents.long()])  # (N + 1,) each node's parent; the root's is itself
+    mask = torch.eye(n + 1, dtype=torch.bool, device=parents.device)  # (N + 1, N + 1)
+    for _ in range(max(int(max_depth), 0).bit_length()):  # 2^r >= max_depth + 1 levels covered
+        mask = mask | mask[up]
+        up = up[up]
+    return mask
