@@ -6,13 +6,7 @@ import os
 
 import torch
 
-
-def host_to_device(values: list, device: torch.device) -> torch.Tensor:
-    """An int64 tensor of ``values`` (nested lists) on ``device`` without a stream sync: on CUDA staged in pinned
-    memory and copied asynchronously (the caching host allocator keeps the staging block until the copy ran)."""
-    if device.type != "cuda":
-        return torch.tensor(values, dtype=torch.long, device=device)
-    return torch.tensor(values, dtype=torch.long, pin_memory=True).to(device, non_blocking=True)
+from specbench.engine.transfers import host_to_device
 
 
 def cache_bytes(batch_size: int, num_layers: int, num_kv_heads: int, capacity: int, head_dim: int, dtype: torch.dtype) -> int:

@@ -18,7 +18,8 @@ from dataclasses import dataclass
 
 import torch
 
-from specbench.engine.batched_cache import BatchedKVCache, check_cache_fits, host_to_device
+from specbench.engine.batched_cache import BatchedKVCache, check_cache_fits
+from specbench.engine.transfers import host_to_device
 from specbench.engine.graph_capture import GraphBackend, StepGraphs
 from specbench.engine.static_llama import StaticLlamaForCausalLM
 from specbench.engine.static_ops import EAGER_OPS, StepOps, compiled_ops

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from specbench.engine.batched_cache import host_to_device
+from specbench.engine.transfers import host_to_device
 
 
 @dataclass

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from specbench.engine.batched_cache import host_to_device
+from specbench.engine.transfers import host_to_device
 from specbench.engine.draft import Draft
 from specbench.engine.sampling import SamplingParams
 from specbench.engine.target import Target

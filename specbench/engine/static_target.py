@@ -21,6 +21,7 @@ from specbench.engine.static_cache import StaticKVCache
 from specbench.engine.static_llama import EAGER_HINT, SUPPORTED_MODEL_TYPES, LlamaShape, StaticLlamaForCausalLM, UnsupportedModel
 from specbench.engine.static_ops import EAGER_OPS, compiled_ops
 from specbench.engine.target import TargetOutput
+from specbench.engine.transfers import host_to_device
 
 # cache slots allocated when nothing reserved more (a 128k-context config would otherwise take GBs)
 DEFAULT_CACHE_SLOTS = 4096
@@ -285,7 +286,7 @@ class StaticTarget:
             buffers = self._buffers[kind]
             width = buffers.gather.numel()
             padded = accepted_nodes + list(range(kept, width))  # the identity beyond the path: fixed size W
-            buffers.gather.copy_(torch.tensor(padded, dtype=torch.long))
+            buffers.gather.copy_(host_to_device(padded, buffers.gather.device))  # no stream sync
             self._cache.gather_new(buffers.gather)
         self._cache.advance(kept)
         self._pending = None

@@ -6,7 +6,7 @@ import copy
 
 import torch
 
-from specbench.engine.batched_cache import host_to_device
+from specbench.engine.transfers import host_to_device
 from specbench.engine.batched_proposers import BatchedProposer, PerSlotProposer
 from specbench.engine.batched_target import BatchedStaticTarget, SlotInput
 from specbench.engine.draft import Draft
