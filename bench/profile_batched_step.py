@@ -16,12 +16,14 @@ import argparse
 import json
 import sys
 import time
-from collections import defaultdict
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _phase_clock import PhaseClock  # noqa: E402
 
 from specbench.engine import batched_decode  # noqa: E402
 from specbench.engine.batched_decode import BatchedDecoder  # noqa: E402
@@ -50,29 +52,6 @@ PHASES = (
     ("advance", "decoder", "_record"),
     ("finish", "decoder", "_finish"),
 )
-
-
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-class PhaseClock:
-    """Wall seconds and calls per phase; ``wrap`` times a callable (device synchronised before and after)."""
-
-    def __init__(self, device: torch.device):
-        self.device, self.seconds, self.calls = device, defaultdict(float), defaultdict(int)
-
-    def wrap(self, name: str, fn):
-        def timed(*args, **kwargs):
-            sync(self.device)
-            start = time.perf_counter()
-            out = fn(*args, **kwargs)
-            sync(self.device)
-            self.seconds[name] += time.perf_counter() - start
-            self.calls[name] += 1
-            return out
-        return timed
 
 
 def instrument(clock: PhaseClock, decoder: BatchedDecoder) -> list:

@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
-from collections import defaultdict
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _phase_clock import PhaseClock as _PhaseClock  # noqa: E402
 
 from specbench.checkpoints.resolve import load_target_model  # noqa: E402
 from specbench.engine import decode  # noqa: E402
@@ -29,27 +30,8 @@ from specbench.engine.static_target import StaticTarget  # noqa: E402
 from specbench.proposers.scripted import ScriptedProposer  # noqa: E402
 
 
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-class PhaseClock:
-    """Wraps callables so each call's wall time (device synchronised after it) adds to a named phase."""
-
-    def __init__(self, device: torch.device):
-        self.device, self.seconds, self.calls = device, defaultdict(float), defaultdict(int)
-
-    def wrap(self, name: str, fn):
-        def timed(*args, **kwargs):
-            sync(self.device)
-            start = time.perf_counter()
-            out = fn(*args, **kwargs)
-            sync(self.device)
-            self.seconds[name] += time.perf_counter() - start
-            self.calls[name] += 1
-            return out
-        return timed
+class PhaseClock(_PhaseClock):
+    """The phase clock with the per-step report this script prints."""
 
     def report(self, title: str, total: float, prefill: float, steps: int) -> str:
         lines = [f"{title}: {total * 1e3:.1f} ms total, prefill {prefill * 1e3:.1f} ms, {steps} steps, "

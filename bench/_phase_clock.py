@@ -1,0 +1,32 @@
+"""Wall time per named phase of a decode loop, for the bench/profile_*.py scripts (device synchronised around each call)."""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+
+import torch
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class PhaseClock:
+    """Wraps callables so each call's wall time (the device synchronised before and after, so queued GPU work is
+    charged to the phase that launched it) adds to a named phase; ``seconds`` and ``calls`` per phase."""
+
+    def __init__(self, device: torch.device):
+        self.device, self.seconds, self.calls = device, defaultdict(float), defaultdict(int)
+
+    def wrap(self, name: str, fn):
+        def timed(*args, **kwargs):
+            sync(self.device)
+            start = time.perf_counter()
+            out = fn(*args, **kwargs)
+            sync(self.device)
+            self.seconds[name] += time.perf_counter() - start
+            self.calls[name] += 1
+            return out
+        return timed
