@@ -318,8 +318,9 @@ def specbench_gate(request: pytest.FixtureRequest):
 @pytest.fixture
 def specbench_run(request: pytest.FixtureRequest, specbench_gate):
     """Run a case (a Case, a dict, or "suite/name") through the harness, then gate it; returns the result dict.
-    A device fault of the case (out of memory, a CUDA/CUBLAS/cuDNN error) fails the test in one line (case id,
-    error type, message, the memory asked for), after freeing what the case left behind."""
+    A device fault of the case (out of memory, a batched cache that does not fit, a CUDA/CUBLAS/cuDNN error) fails
+    the test in one line (case id, error type, message, the memory asked for), after freeing what the case left
+    behind."""
     from specbench.cases import Case, find_case
     from specbench.harness import case_fault, fault_line, free_device_memory, run_case
 
@@ -330,7 +331,7 @@ def specbench_run(request: pytest.FixtureRequest, specbench_gate):
             case = Case.from_dict(case)
         try:
             result = run_case(case, progress=False).to_dict()
-        except RuntimeError as err:
+        except (RuntimeError, MemoryError) as err:  # MemoryError: a batched cache that does not fit
             fault = case_fault(err)
             if fault is None:
                 raise

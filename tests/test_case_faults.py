@@ -119,7 +119,7 @@ from _synthetic_results import make_result
 def faulty_run(monkeypatch):  # autouse: set up before specbench_run imports run_case
     def run_case(case, *, progress=True, **_):
         if case.name == "first":
-            raise torch.OutOfMemoryError({message!r})
+            raise {error}
         result = make_result(num_requests=4, name=case.name, suite="cli", max_new_tokens=16)
         return SimpleNamespace(to_dict=lambda: result)
 
@@ -133,7 +133,8 @@ def test_case(specbench_run, name):
 
 
 def test_pytest_an_oom_fails_its_test_in_one_line_and_the_next_passes(pytester, request):
-    pytester.makepyfile(test_faulty=FAULTY_TESTS.format(tests_dir=str(request.path.parent), message=OOM_MESSAGE))
+    pytester.makepyfile(test_faulty=FAULTY_TESTS.format(tests_dir=str(request.path.parent),
+                                                       error=f"torch.OutOfMemoryError({OOM_MESSAGE!r})"))
     result = pytester.runpytest("-p", "no:randomly", "-p", "no:cacheprovider", "--specbench-no-history",
                                 "--specbench-baselines", str(pytester.path / "baselines"))
     result.assert_outcomes(failed=1, passed=1)
@@ -145,3 +146,18 @@ def test_pytest_an_oom_fails_its_test_in_one_line_and_the_next_passes(pytester, 
     result.stdout.fnmatch_lines(["FAILED test_faulty.py::test_case[[]first[]] - Failed: cli/first: ERROR *",
                                  "*1 failed, 1 passed*"])
     result.stdout.fnmatch_lines(["cli/first * ERROR * -  *", "cli/second * pass *"])  # the session table
+
+
+CACHE_MESSAGE = ("batch_size 64 needs a static KV cache of 123456789 bytes (64 slots x 2048 positions) but cuda:0 has "
+                 "1000 bytes free; lower batch_size (at most 0 fit at this length)")
+
+
+def test_pytest_a_batched_cache_that_cannot_fit_fails_its_test_in_one_line(pytester, request):
+    """check_cache_fits raises a MemoryError (not a RuntimeError) before allocating: still the case's one-line fault."""
+    pytester.makepyfile(test_faulty=FAULTY_TESTS.format(tests_dir=str(request.path.parent),
+                                                       error=f"MemoryError({CACHE_MESSAGE!r})"))
+    result = pytester.runpytest("-p", "no:randomly", "-p", "no:cacheprovider", "--specbench-no-history",
+                                "--specbench-baselines", str(pytester.path / "baselines"))
+    result.assert_outcomes(failed=1, passed=1)
+    assert f"cli/first: ERROR MemoryError: {CACHE_MESSAGE}" in result.stdout.str().splitlines()
+    assert "Traceback" not in result.stdout.str()
