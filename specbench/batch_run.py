@@ -122,6 +122,8 @@ def run_batched_case(case: Case, *, progress: bool = True, target=None, tokenize
                          "(cases.expand_batch_sizes, as load_suite does)")
     target, static, tokenizer = batched_target_for(case, target, tokenizer)
     proposer = proposer if proposer is not None else build_proposer(case, static)
+    if static.aux_layers != target.aux_layers:  # an EAGLE-3 proposer set them on the static target it was built for
+        target.set_aux_layers(static.aux_layers)
     config = generation_config(case, tokenizer)
     prompts, prompt_source = load_prompt_ids(case, tokenizer, target.vocab_size)
     ids = [torch.as_tensor(p, dtype=torch.long) for _, p in prompts]

@@ -213,3 +213,16 @@ def test_a_cache_that_cannot_fit_is_the_case_error_before_allocation(tmp_path, c
     assert main(["run", str(suite), "--no-gate", "--no-history", "-q"]) == 1
     out = capsys.readouterr().out
     assert "huge/huge: ERROR MemoryError: batch_size 1000000000 needs a static KV cache of" in out
+
+
+def test_an_eagle3_case_runs_batched_with_the_aux_layer_features(tmp_path):
+    """EAGLE-3 sets its aux layers on the static target it is built for; the batched target must read them too."""
+    eagle3 = {**REFERENCE, "name": "eagle3-chain-k3", "max_new_tokens": 24,
+              "prompts": {"name": "gsm8k-embedded", "num_prompts": 3},
+              "proposer": {"name": "eagle3", "path": "specbench-ref/gsm8k-tiny-eagle3", "num_speculative_tokens": 3}}
+    single = run_case(Case.from_dict(eagle3), progress=False).to_dict()
+    batched = run_case(Case.from_dict({**eagle3, "batch_size": 2}), progress=False).to_dict()
+    assert sum(r["num_accepted_tokens"] for r in single["requests"]) > 0
+    for got, want in zip(batched["requests"], single["requests"], strict=True):
+        assert {k: got[k] for k in PER_REQUEST} == {k: want[k] for k in PER_REQUEST}
+    assert batched["details"]["proposer"]["batching"].startswith("batched head")

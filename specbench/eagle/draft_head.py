@@ -85,6 +85,29 @@ class DraftKVCache:
         self.length = length
 
 
+class BatchedDraftKVCache:
+    """The draft layer's keys and values for B slots ``(2, B, KVH, S, D)``; slot b's entries ``[0, lengths[b])``
+    are written (host-known lengths: a batched proposer tracks them, nothing is read back)."""
+
+    def __init__(self, batch_size: int, num_kv_heads: int, head_dim: int, *, dtype: torch.dtype, device,
+                 capacity: int = DEFAULT_CACHE_SLOTS):
+        self.kv = torch.zeros(2, batch_size, num_kv_heads, capacity, head_dim, dtype=dtype, device=device)  # (2, B, KVH, S, D)
+        self.lengths = [0] * batch_size
+
+    @property
+    def capacity(self) -> int:
+        return self.kv.shape[3]
+
+    def reserve(self, slots: int) -> None:
+        """Room for ``slots`` entries in every slot; grows (at least doubling) and keeps the written ones."""
+        if slots <= self.capacity:
+            return
+        grown = self.kv.new_zeros(*self.kv.shape[:3], max(slots, 2 * self.capacity), self.kv.shape[4])  # (2, B, KVH, S', D)
+        used = max(self.lengths, default=0)
+        grown[:, :, :, :used] = self.kv[:, :, :, :used]
+        self.kv = grown
+
+
 class EagleDecoderLayer(nn.Module):
     """A Llama decoder layer whose attention reads its input un-normed: EAGLE's layer 0 has no input_layernorm."""
 
@@ -222,6 +245,22 @@ class EagleHead(nn.Module):
     @property
     def layer(self) -> EagleDecoderLayer:
         return self.layers[0]
+
+    def new_batched_cache(self, batch_size: int, capacity: int = DEFAULT_CACHE_SLOTS) -> BatchedDraftKVCache:
+        weight = self.fc.weight
+        return BatchedDraftKVCache(batch_size, self.shape.num_kv_heads, self.shape.head_dim, dtype=weight.dtype,
+                                   device=weight.device, capacity=capacity)
+
+    def step_batched(self, embeds, features, positions, slots, mask, kv) -> torch.Tensor:
+        """:meth:`step` over B slots of W rows each: ``embeds`` ``(B, W, H)``, ``features`` ``(B, W, F)``,
+        ``positions`` and ``slots`` ``(B, W)`` (each slot's rows written in its own row of ``kv``
+        ``(2, B, KVH, S, D)``), ``mask`` ``(B, W, K)`` bool over each slot's first K entries; returns ``(B, W, H)``.
+        The same core over the flattened rows (the attention takes its batched branch); no host reads."""
+        if not self.layer.fused_current():
+            self.prepare()
+        batch, width = slots.shape
+        hidden = self.step(embeds.flatten(0, 1), features.flatten(0, 1), positions.flatten(), slots, mask, kv)  # (B * W, H)
+        return hidden.view(batch, width, -1)
 
     def step(self, embeds, features, positions, slots, mask, kv) -> torch.Tensor:
         """The forward's shape-stable core: ``W`` rows ``(W, H)`` written at cache slots ``slots`` ``(W,)`` of ``kv``

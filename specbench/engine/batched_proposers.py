@@ -38,7 +38,7 @@ class BatchedProposer(ABC):
 
 class PerSlotProposer(BatchedProposer):
     """One single-sequence :class:`Proposer` per slot, called in turn (n-gram on each slot's host mirror; the
-    EAGLE and sampled draft models unbatched for now: docs/batching.md)."""
+    sampled draft models and any proposer without a batched form: docs/batching.md)."""
 
     def __init__(self, proposers: list[Proposer]):
         if not proposers:

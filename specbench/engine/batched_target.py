@@ -127,10 +127,14 @@ class BatchedStaticTarget:
     def from_static_target(cls, target, batch_size: int, *, cuda_graphs: bool | None = None,
                            graph_backend: GraphBackend | None = None) -> "BatchedStaticTarget":
         """Over a ``StaticTarget``'s module (weights shared, nothing copied), with its max context, its stages (the
-        same compiled functions, tuned one-row matmuls included) and its graph setting unless ``cuda_graphs`` is given."""
+        same compiled functions, tuned one-row matmuls included), its aux layers and its graph setting unless
+        ``cuda_graphs`` is given."""
         graphs = target.cuda_graphs if cuda_graphs is None else cuda_graphs
-        return cls(target.module, target.config, batch_size, max_context=target.max_context, ops=target._ops,
-                   cuda_graphs=graphs, graph_backend=graph_backend)
+        batched = cls(target.module, target.config, batch_size, max_context=target.max_context, ops=target._ops,
+                      cuda_graphs=graphs, graph_backend=graph_backend)
+        if target.aux_layers:  # an EAGLE-3 proposer already asked the static target for its features
+            batched.set_aux_layers(target.aux_layers)
+        return batched
 
     def set_aux_layers(self, layers: tuple[int, ...]) -> None:
         """Also return the residual streams entering ``layers`` (EAGLE-3's features), as ``StaticTarget`` does."""

@@ -1,4 +1,4 @@
-"""Batched forms of the runtime proposers: Medusa heads and draft models run over all slots at once; the rest per slot."""
+"""Batched forms of the runtime proposers: Medusa heads, greedy draft models and EAGLE heads over all slots at once; the rest per slot."""
 
 from __future__ import annotations
 
@@ -11,7 +11,9 @@ from specbench.engine.batched_proposers import BatchedProposer, PerSlotProposer
 from specbench.engine.draft import Draft
 from specbench.engine.proposer import Proposer, ProposerState
 from specbench.proposers.batched_draft import BatchedDraftModelProposer, PerSlotDraftModelProposer
+from specbench.proposers.batched_eagle import BatchedEagleProposer
 from specbench.proposers.draft_model import DraftModelProposer
+from specbench.proposers.eagle import EagleProposer
 from specbench.proposers.medusa import MedusaProposer
 from specbench.proposers.ngram import NgramProposer
 
@@ -68,9 +70,9 @@ class BatchedMedusaProposer(BatchedProposer):
 
 
 def for_batch(proposer: Proposer | None, batch_size: int, factory: Callable[[], Proposer] | None = None):
-    """The batched form of a proposer: Medusa and a greedy draft model batched; n-gram one per slot with its
-    settings; anything else (a sampled draft model, EAGLE, ...) one per slot from ``factory`` (a proposer keeps
-    per-request state, so one instance cannot serve two slots)."""
+    """The batched form of a proposer: Medusa, a greedy draft model and EAGLE (EAGLE-1/2/3 heads: chain, static
+    and dynamic tree) batched; n-gram one per slot with its settings; anything else (a sampled draft model, ...)
+    one per slot from ``factory`` (a proposer keeps per-request state, so one instance cannot serve two slots)."""
     if proposer is None and factory is None:
         return None
     if isinstance(proposer, MedusaProposer):
@@ -81,6 +83,8 @@ def for_batch(proposer: Proposer | None, batch_size: int, factory: Callable[[], 
             return batched
         if factory is not None:
             return PerSlotDraftModelProposer.build(factory, batch_size)
+    if isinstance(proposer, EagleProposer):
+        return BatchedEagleProposer.from_proposer(proposer, batch_size)
     if factory is None and isinstance(proposer, NgramProposer):
         settings = proposer.describe()
         factory = lambda: NgramProposer(settings["num_speculative_tokens"], settings["min_n"], settings["max_n"])  # noqa: E731

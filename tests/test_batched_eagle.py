@@ -1,0 +1,233 @@
+"""The batched EAGLE proposer: on a tiny random Llama with random EAGLE-1/2 and EAGLE-3 heads (fp32, CPU, greedy),
+every request of a batched run drafts exactly what the single-sequence proposer drafts and produces the tokens
+and counters it produces alone, for the chain, the static and the dynamic tree at B = 1, 3 and B larger than the
+queue (mixed prompt lengths, EOS at different steps, refills); ``for_batch`` picks it; the head runs
+1 + (depth - 1) forwards per propose call whatever B and propose reads nothing back; the same on the reference
+target's shipped heads."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specbench.engine.batched_decode import BatchedDecoder
+from specbench.engine.batched_target import BatchedStaticTarget
+from specbench.engine.decode import Decoder, GenerationConfig
+from specbench.engine.static_target import StaticTarget
+from specbench.proposers.batched import for_batch
+from specbench.proposers.batched_eagle import BatchedEagleProposer
+from specbench.proposers.eagle import EagleProposer
+from specbench.proposers.eagle3 import Eagle3Proposer
+from _prompts import random_prompt, repetitive_prompt
+from test_batched_engine import assert_each_request_as_alone, eos_mid_run
+from test_batched_host_sync import counted_run
+from _host_reads import HostReads
+from test_eagle import SMALL_TREE, random_head
+from test_eagle3 import deep_llama, random_head3
+from test_static_target import build
+
+MAX_NEW = 20
+MODES = {"chain": dict(num_speculative_tokens=3), "static-tree": dict(tree=SMALL_TREE),
+         "dynamic-tree": dict(top_k=3, depth=4, total_tokens=12)}
+HEADS = ("eagle", "eagle3")
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    """Per head kind: (its static target, a factory of single-sequence proposers over one shared head), prompts."""
+    prompts = [repetitive_prompt(0), random_prompt(5, 1), random_prompt(21, 3), random_prompt(9, 4), random_prompt(2, 5)]
+    eagle_target, eagle3_target = StaticTarget.from_hf_model(build("llama")), StaticTarget.from_hf_model(deep_llama())
+    head, head3 = random_head(with_embed=False), random_head3(draft_vocab=96)  # the target's embedding; a small draft vocab
+    makers = {
+        "eagle": (eagle_target, lambda options: EagleProposer.from_options(eagle_target, head=head, **options)),
+        "eagle3": (eagle3_target, lambda options: Eagle3Proposer.from_options(eagle3_target, head=head3, **options)),
+    }
+    return makers, prompts
+
+
+def decode_alone_recording(static, make, prompts, config):
+    """Each prompt through the single-sequence Decoder; (results, each request's drafts as token lists)."""
+    results, drafts = [], []
+    for prompt in prompts:
+        proposer, seen = make(), []
+        propose = proposer.propose
+        proposer.propose = lambda state, propose=propose, seen=seen: _keep(seen, propose(state))
+        results.append(Decoder(static, proposer, config).generate(prompt))
+        drafts.append(seen)
+    return results, drafts
+
+
+def _keep(seen: list, draft):
+    seen.append(draft.tokens.tolist())
+    return draft
+
+
+def decode_batched_recording(static, make, prompts, config, batch_size: int):
+    """The prompts through BatchedDecoder with ``for_batch``'s form of the proposer; (results, decoder, each
+    request's drafts, per propose call (active slots, head forwards))."""
+    proposer = for_batch(make(), batch_size)
+    assert isinstance(proposer, BatchedEagleProposer)
+    target = BatchedStaticTarget.from_static_target(static, batch_size)
+    if static.aux_layers:
+        target.set_aux_layers(static.aux_layers)  # EAGLE-3's features, as the single target was asked for
+    request_of, drafts, calls, forwards = {}, [[] for _ in prompts], [], []
+    begin, propose, step = proposer.begin_request, proposer.propose, proposer.head.step_batched
+
+    def begin_request(slot, prompt_ids):
+        request_of[slot] = next(i for i, p in enumerate(prompts) if torch.equal(p, prompt_ids.cpu()))
+        begin(slot, prompt_ids)
+
+    def propose_recording(states):
+        before = len(forwards)
+        out = propose(states)
+        calls.append((len(states), len(forwards) - before))
+        for slot, d in out.items():
+            drafts[request_of[slot]].append(d.tokens.tolist())
+        return out
+
+    def step_counted(*args):
+        forwards.append(args[3].shape)  # (B, W) slots: always all B rows
+        return step(*args)
+
+    proposer.begin_request, proposer.propose = begin_request, propose_recording
+    proposer.head.step_batched = step_counted
+    try:
+        decoder = BatchedDecoder(target, proposer, config)
+        results = decoder.generate_all(prompts)
+    finally:
+        del proposer.head.step_batched  # the shared head's own method again
+    assert {shape[0] for shape in forwards} == {batch_size}
+    return results, decoder, drafts, calls
+
+
+def expected_forwards(proposer: BatchedEagleProposer) -> int:
+    """One catch-up, then one forward per expansion depth: K - 1 for the chain, the tree's depth - 1 levels."""
+    single = proposer.single
+    if single.mode == "dynamic":
+        return single.depth
+    return 1 + (single.num_nodes - 1 if single.mode == "chain" else len(single.plan.levels))
+
+
+@pytest.mark.parametrize("kind", HEADS)
+@pytest.mark.parametrize("mode", sorted(MODES))
+def test_batched_eagle_equals_the_single_sequence_run(tiny, kind, mode):
+    makers, prompts = tiny
+    static, make_with = makers[kind]
+    make = lambda: make_with(MODES[mode])  # noqa: E731
+    eos = eos_mid_run(static, prompts, MAX_NEW)
+    config = GenerationConfig(max_new_tokens=MAX_NEW, eos_token_ids=(eos,))
+    alone, alone_drafts = decode_alone_recording(static, make, prompts, config)
+    assert len({p.numel() for p in prompts}) == len(prompts)  # mixed prompt lengths
+    assert {r.finish_reason for r in alone} == {"eos", "length"}
+    assert sum(r.counters.num_drafts for r in alone) > 0  # random heads: rejected (the reference heads get accepted)
+    per_call = None
+    for batch_size in (1, 3, 7):  # 7 > the 5 prompts: idle slots from the start
+        batched, decoder, drafts, calls = decode_batched_recording(static, make, prompts, config, batch_size)
+        assert drafts == alone_drafts, batch_size  # every draft of every request, token for token
+        assert_each_request_as_alone(batched, alone)
+        assert decoder.stats.num_refills == max(0, len(prompts) - batch_size)
+        assert len(calls) == decoder.stats.num_steps
+        per_call = expected_forwards(decoder.proposer)
+        assert {forwards for _, forwards in calls} == {per_call}, calls  # whatever B and the active slots
+        if batch_size > 1:
+            assert max(active for active, _ in calls) == min(batch_size, len(prompts))
+    assert per_call == (4 if mode == "dynamic-tree" else 3)  # K = 3, SMALL_TREE of depth 3: 1 + 2; depth 4: 1 + 3
+
+
+@pytest.mark.parametrize("kind", HEADS)
+def test_for_batch_picks_the_batched_form_in_every_mode(tiny, kind):
+    makers, _ = tiny
+    static, make_with = makers[kind]
+    for mode, options in MODES.items():
+        single = make_with(options)
+        batched = for_batch(single, 4)
+        assert isinstance(batched, BatchedEagleProposer) and batched.batch_size == 4, mode
+        assert batched.head is single.head and batched.cache.kv.shape[1] == 4  # the head shared, its own cache
+        described = batched.describe()
+        assert described["name"] == kind and described["batching"].startswith("batched head")
+        assert batched.max_draft_tokens == single.max_draft_tokens
+    assert for_batch(None, 2) is None
+
+
+@pytest.mark.parametrize("mode", sorted(MODES))
+def test_propose_reads_nothing_back_and_a_step_once(tiny, mode, monkeypatch):
+    """Argmax / top-k on the device, catch-up starts and counts from host-known lengths: no host read in propose;
+    a chain or static tree step reads the device once (a dynamic tree's depths are still read per slot by the
+    batched loop, engine/batched_decode.py: docs/batching.md)."""
+    makers, prompts = tiny
+    static, make_with = makers["eagle"]
+    config = GenerationConfig(max_new_tokens=12, ignore_eos=True)
+    alone, _ = decode_alone_recording(static, lambda: make_with(MODES[mode]), prompts, config)
+    propose, in_propose = BatchedEagleProposer.propose, []
+
+    def counted_propose(self, states):
+        with HostReads(where=True) as reads:
+            out = propose(self, states)
+        in_propose.append(reads.reads)
+        return out
+
+    monkeypatch.setattr(BatchedEagleProposer, "propose", counted_propose)
+    batched, decoder, steps = counted_run(static, lambda target: make_with(MODES[mode]), prompts, config, 3, monkeypatch)
+    assert isinstance(decoder.proposer, BatchedEagleProposer)
+    assert_each_request_as_alone(batched, alone)
+    assert len(in_propose) >= len(steps) == decoder.stats.num_steps > 0
+    assert not any(in_propose), [r for r in in_propose if r][:1]
+    if mode != "dynamic-tree":
+        assert set(steps) == {(1, 1)}, steps
+
+
+def test_features_of_the_wrong_width_are_refused_naming_set_aux_layers(tiny):
+    """An EAGLE-3 head on a batched target without the aux layers would read H-wide hidden states."""
+    makers, prompts = tiny
+    static, make_with = makers["eagle3"]
+    proposer = for_batch(make_with(MODES["chain"]), 2)
+    batched = BatchedStaticTarget.from_static_target(static, 2)
+    assert batched.aux_layers == static.aux_layers != ()  # carried over from the static target the head set them on
+    batched.set_aux_layers(())
+    decoder = BatchedDecoder(batched, proposer, GenerationConfig(max_new_tokens=4))
+    with pytest.raises(ValueError, match=r"reads 192-wide features, slot 0 has 64 .*set_aux_layers"):
+        decoder.generate_all(prompts[:2])
+
+
+# --- the reference target and its shipped heads ----------------------------------------------------------
+
+
+REFERENCE = {  # as specbench/cases/eagle.toml's heads, with the static tree of eagle1-tree-63 for both kinds
+    "eagle-chain-k3": (EagleProposer, "specbench-ref/gsm8k-tiny-eagle", dict(num_speculative_tokens=3)),
+    "eagle-tree-63": (EagleProposer, "specbench-ref/gsm8k-tiny-eagle", dict(tree="gsm8k-tiny-63")),
+    "eagle3-chain-k3": (Eagle3Proposer, "specbench-ref/gsm8k-tiny-eagle3", dict(num_speculative_tokens=3)),
+    "eagle3-tree-63": (Eagle3Proposer, "specbench-ref/gsm8k-tiny-eagle3", dict(tree="gsm8k-tiny-63")),
+    "eagle2-dynamic": (EagleProposer, "specbench-ref/gsm8k-tiny-eagle", dict(top_k=8, depth=6, total_tokens=60)),
+    "eagle3-dynamic": (Eagle3Proposer, "specbench-ref/gsm8k-tiny-eagle3", dict(top_k=8, depth=6, total_tokens=60)),
+}
+
+
+@pytest.fixture(scope="module")
+def reference():
+    from transformers import AutoTokenizer
+
+    from specbench.checkpoints.resolve import resolve_model_dir
+    from specbench.prompts import load_prompts
+
+    static = StaticTarget.from_pretrained("specbench-ref/gsm8k-tiny", dtype=torch.float32, device="cpu")
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model_dir("specbench-ref/gsm8k-tiny"))
+    prompts = [torch.tensor(p.token_ids) for p in load_prompts("gsm8k-embedded", num_prompts=4, tokenizer=tokenizer)]
+    return static, prompts, GenerationConfig(max_new_tokens=48, eos_token_ids=(tokenizer.eos_token_id,))
+
+
+@pytest.mark.parametrize("label", sorted(REFERENCE))
+def test_reference_heads_batched_equal_their_single_sequence_run(reference, label):
+    """The shipped heads get whole runs accepted, so the ragged catch-up adds several positions per slot."""
+    static, prompts, config = reference
+    cls, path, options = REFERENCE[label]
+    head = cls.from_options(static, path=path, **options).head
+    make = lambda: cls.from_options(static, head=head, **options)  # noqa: E731
+    alone, alone_drafts = decode_alone_recording(static, make, prompts, config)
+    assert {r.finish_reason for r in alone} == {"eos", "length"}  # EOS at different steps, one runs to the length
+    assert sum(r.counters.num_accepted_tokens for r in alone) > 0
+    assert any(r.counters.num_accepted_tokens < r.counters.num_draft_tokens for r in alone)  # rejections too
+    for batch_size in (1, 3, 6):  # 6 > the 4 prompts
+        batched, decoder, drafts, calls = decode_batched_recording(static, make, prompts, config, batch_size)
+        assert drafts == alone_drafts, batch_size
+        assert_each_request_as_alone(batched, alone)
+        assert {forwards for _, forwards in calls} == {expected_forwards(decoder.proposer)}
