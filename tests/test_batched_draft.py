@@ -11,13 +11,13 @@ import torch
 
 from specbench.engine.batched_decode import BatchedDecoder
 from specbench.engine.batched_target import BatchedStaticTarget
-from specbench.engine.decode import Decoder
 from specbench.engine.static_target import StaticTarget
 from specbench.proposers.batched import for_batch
 from specbench.proposers.batched_draft import BatchedDraftModelProposer, PerSlotDraftModelProposer
 from specbench.proposers.draft_model import DraftModelProposer
 import test_batched_engine
 from test_batched_engine import assert_each_request_as_alone
+from _recording import decode_alone_recording
 from test_batched_graphs import FakeCapture
 from test_batched_host_sync import counted_run
 
@@ -35,23 +35,6 @@ def single_proposer(static, draft, k: int, temperature: float = 0.0) -> DraftMod
     """A single-sequence draft-model proposer with its own draft cache over the shared draft weights."""
     return DraftModelProposer.from_options(static, draft=StaticTarget(draft.module, draft.config),
                                            num_speculative_tokens=k, temperature=temperature)
-
-
-def decode_alone_recording(static, draft, prompts, config, k: int):
-    """Each prompt through the single-sequence Decoder; (results, each request's drafts as token lists)."""
-    results, drafts = [], []
-    for prompt in prompts:
-        proposer, seen = single_proposer(static, draft, k), []
-        propose = proposer.propose
-        proposer.propose = lambda state: _keep(seen, propose(state))
-        results.append(Decoder(static, proposer, config).generate(prompt))
-        drafts.append(seen)
-    return results, drafts
-
-
-def _keep(seen: list, draft):
-    seen.append(draft.tokens.tolist())
-    return draft
 
 
 def draft_forwards(proposer: BatchedDraftModelProposer) -> int:
@@ -89,7 +72,7 @@ def decode_batched_recording(static, draft, prompts, config, k: int, batch_size:
 @pytest.fixture(scope="module")
 def alone_k3(reference, draft_model):
     static, _, prompts, config = reference
-    return decode_alone_recording(static, draft_model, prompts, config, 3)
+    return decode_alone_recording(static, lambda: single_proposer(static, draft_model, 3), prompts, config)
 
 
 @pytest.mark.parametrize("batch_size", [1, 3, 6])  # 6 > the 4 prompts: idle slots from the start
@@ -118,7 +101,7 @@ def test_batched_draft_model_equals_the_single_sequence_run(reference, draft_mod
 def test_other_draft_lengths_equal_the_single_sequence_run(reference, draft_model, k):
     """K = 1 (the catch-up step alone) and a K whose accepted runs reach the two-token catch-up."""
     static, _, prompts, config = reference
-    alone, alone_drafts = decode_alone_recording(static, draft_model, prompts[:3], config, k)
+    alone, alone_drafts = decode_alone_recording(static, lambda: single_proposer(static, draft_model, k), prompts[:3], config)
     batched, decoder, drafts, calls = decode_batched_recording(static, draft_model, prompts[:3], config, k, 2)
     assert drafts == alone_drafts
     assert_each_request_as_alone(batched, alone)

@@ -12,13 +12,14 @@ import torch
 
 from specbench.engine.batched_decode import BatchedDecoder
 from specbench.engine.batched_target import BatchedStaticTarget
-from specbench.engine.decode import Decoder, GenerationConfig
+from specbench.engine.decode import GenerationConfig
 from specbench.engine.static_target import StaticTarget
 from specbench.proposers.batched import for_batch
 from specbench.proposers.batched_eagle import BatchedEagleProposer
 from specbench.proposers.eagle import EagleProposer
 from specbench.proposers.eagle3 import Eagle3Proposer
 from _prompts import random_prompt, repetitive_prompt
+from _recording import decode_alone_recording
 from test_batched_engine import assert_each_request_as_alone, eos_mid_run
 from test_batched_host_sync import counted_run
 from _host_reads import HostReads
@@ -43,23 +44,6 @@ def tiny():
         "eagle3": (eagle3_target, lambda options: Eagle3Proposer.from_options(eagle3_target, head=head3, **options)),
     }
     return makers, prompts
-
-
-def decode_alone_recording(static, make, prompts, config):
-    """Each prompt through the single-sequence Decoder; (results, each request's drafts as token lists)."""
-    results, drafts = [], []
-    for prompt in prompts:
-        proposer, seen = make(), []
-        propose = proposer.propose
-        proposer.propose = lambda state, propose=propose, seen=seen: _keep(seen, propose(state))
-        results.append(Decoder(static, proposer, config).generate(prompt))
-        drafts.append(seen)
-    return results, drafts
-
-
-def _keep(seen: list, draft):
-    seen.append(draft.tokens.tolist())
-    return draft
 
 
 def decode_batched_recording(static, make, prompts, config, batch_size: int):
