@@ -47,14 +47,12 @@ import pytest
 
 from specbench import env
 from specbench import gpu_assignment as gpus_of
+from specbench import pytest_sharding as sharding
 from specbench.file_lock import locked
 
 RESULTS_KEY = pytest.StashKey[list]()
 HISTORY_USED_KEY = pytest.StashKey[set]()
 STARTED_KEY = pytest.StashKey[float]()  # time.perf_counter() at pytest_configure
-ASSIGNMENT_KEY = pytest.StashKey[dict]()  # on an xdist worker: its id, CUDA_VISIBLE_DEVICES, whether specbench set it
-PLAN_KEY = pytest.StashKey[dict]()  # on the xdist controller: the workers, the GPUs they share, sharding on or off
-WORKERS_KEY = pytest.StashKey[list]()  # on the xdist controller: each finished worker's assignment
 _WORKER_OUTPUT = "specbench"  # the key of config.workeroutput that carries a worker's rows and assignment back
 
 
@@ -85,89 +83,21 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[RESULTS_KEY] = []
     config.stash[HISTORY_USED_KEY] = set()
     config.stash[STARTED_KEY] = time.perf_counter()
-    config.stash[WORKERS_KEY] = []
+    config.stash[sharding.WORKERS_KEY] = []
     if hasattr(config, "workerinput"):  # a worker of this session, not a process that inherited xdist's variables
-        _assign_worker_gpus(config)
-
-
-def _sharding_off(config: pytest.Config) -> bool:
-    return config.getoption("--specbench-no-gpu-sharding") or gpus_of.opted_out(os.environ.get(gpus_of.OPT_OUT_VAR))
-
-
-def _cuda_initialised() -> bool:
-    """Whether this process already initialised CUDA through torch (after that CUDA_VISIBLE_DEVICES is not read)."""
-    torch = sys.modules.get("torch")  # never imported here: a process without torch has not initialised CUDA through it
-    try:
-        return bool(torch is not None and torch.cuda.is_initialized())
-    except Exception:
-        return False
-
-
-def _assign_worker_gpus(config: pytest.Config) -> None:
-    """On xdist worker gwk: CUDA_VISIBLE_DEVICES = the controller's GPU list rotated to start at GPU k mod G."""
-    worker = os.environ.get(gpus_of.WORKER_VAR)
-    if worker is None:
-        return
-    gpus = config.workerinput.get("specbench_gpus")
-    note = None
-    if _sharding_off(config):
-        note = "GPU sharding off"
-    elif not gpus:
-        note = "no GPU visible"
-    elif _cuda_initialised():
-        note = "CUDA was already initialised in this worker: CUDA_VISIBLE_DEVICES left as it was"
-        config.issue_config_time_warning(pytest.PytestWarning(
-            f"specbench: {worker}: {note} (a conftest or plugin touched torch.cuda before specbench's "
-            "pytest_configure), so this worker may share a GPU with another"), stacklevel=2)
-    else:
-        try:
-            order = gpus_of.device_order(worker, os.environ.get(gpus_of.WORKER_COUNT_VAR, ""), gpus)
-        except gpus_of.GpuAssignmentError as err:
-            raise pytest.UsageError(f"specbench GPU sharding: {err}") from None
-        os.environ[gpus_of.VISIBLE_DEVICES_VAR] = ",".join(order)
-    visible = os.environ.get(gpus_of.VISIBLE_DEVICES_VAR)
-    config.stash[ASSIGNMENT_KEY] = {"worker": worker, "cuda_visible_devices": visible, "sharded": note is None,
-                                    "note": note}
-
-
-def _sharding_plan(config: pytest.Config, workers: int | None = None) -> dict:
-    """The controller's plan, made once: the GPUs the workers share (None when sharding is off) and the worker count."""
-    plan = config.stash.get(PLAN_KEY, None)
-    if plan is None:
-        if workers is None:
-            workers = len(config.getoption("tx", None) or [])
-        gpus = None
-        if not _sharding_off(config):
-            visible = os.environ.get(gpus_of.VISIBLE_DEVICES_VAR)
-            try:  # the inventory (a torch import) only when CUDA_VISIBLE_DEVICES does not already list the GPUs
-                gpus = gpus_of.visible_gpus(visible, len(env.gpu_inventory()) if visible is None else 0)
-            except gpus_of.GpuAssignmentError as err:
-                raise pytest.UsageError(f"specbench GPU sharding: {err} (or pass --specbench-no-gpu-sharding)") from None
-        plan = config.stash[PLAN_KEY] = {"workers": workers, "gpus": gpus}
-    return plan
+        sharding.assign_worker_gpus(config)
 
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_setupnodes(config: pytest.Config, specs) -> None:
     """Controller, before the workers start: list the GPUs once, say how they are shared."""
-    plan = _sharding_plan(config, len(specs))
-    if not plan["gpus"]:
-        return
-    count = len(plan["gpus"])
-    reporter = config.pluginmanager.get_plugin("terminalreporter")
-    if reporter is not None:
-        reporter.write_line(f"specbench: {plan['workers']} xdist workers on GPU{'s' if count > 1 else ''} "
-                            f"{','.join(plan['gpus'])}: worker gwk sees GPU k mod {count} first "
-                            f"(--specbench-no-gpu-sharding turns this off)")
-    note = gpus_of.sharing_note(plan["workers"], count)
-    if note:
-        config.issue_config_time_warning(pytest.PytestWarning(f"specbench: {note}"), stacklevel=2)
+    sharding.announce_plan(config, len(specs))
 
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_configure_node(node) -> None:
     """Controller, per worker: hand it the GPU list (each worker picks its own order from its id)."""
-    node.workerinput["specbench_gpus"] = _sharding_plan(node.config)["gpus"]
+    node.workerinput["specbench_gpus"] = sharding.sharding_plan(node.config)["gpus"]
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -180,7 +110,7 @@ def pytest_testnodedown(node, error) -> None:
     config.stash[RESULTS_KEY].extend(output.get("rows") or [])
     config.stash[HISTORY_USED_KEY].update(output.get("history") or [])
     if output.get("assignment"):
-        config.stash[WORKERS_KEY].append(output["assignment"])
+        config.stash[sharding.WORKERS_KEY].append(output["assignment"])
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
@@ -189,7 +119,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         # through JSON: workeroutput crosses execnet, which carries only plain values
         rows = json.loads(json.dumps(config.stash.get(RESULTS_KEY, []), default=str))
         config.workeroutput[_WORKER_OUTPUT] = {"rows": rows, "history": sorted(config.stash.get(HISTORY_USED_KEY, ())),
-                                               "assignment": config.stash.get(ASSIGNMENT_KEY, None)}
+                                               "assignment": config.stash.get(sharding.ASSIGNMENT_KEY, None)}
 
 
 def _needs_gpu(item: pytest.Item) -> bool:
@@ -262,7 +192,7 @@ class _Gatekeeper:
         from specbench.gating.regenerate import update_baseline
 
         config = self.config
-        assignment = config.stash.get(ASSIGNMENT_KEY, None)
+        assignment = config.stash.get(sharding.ASSIGNMENT_KEY, None)
         if assignment is not None:  # an xdist worker: which one, and which GPUs it saw (its own first)
             result = {**result, "env": {**(result.get("env") or {}), "xdist_worker": assignment["worker"],
                                         "cuda_visible_devices": os.environ.get(gpus_of.VISIBLE_DEVICES_VAR)}}
@@ -351,7 +281,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config)
     if hasattr(config, "workerinput"):  # an xdist worker: its rows went to the controller (pytest_sessionfinish)
         return
     rows = list(config.stash.get(RESULTS_KEY, []))
-    plan = config.stash.get(PLAN_KEY, None)  # set on the xdist controller only
+    plan = config.stash.get(sharding.PLAN_KEY, None)  # set on the xdist controller only
     sharded = plan is not None and bool(plan["gpus"])
     if rows:
         _write_case_table(terminalreporter, config, rows)
@@ -361,25 +291,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config)
     if plan is None:
         terminalreporter.write_line(f"wall time {wall:.1f} s, one process")
         return
-    gpus = "no GPU sharding"
-    if sharded:
-        terminalreporter.section("specbench: GPU sharding")
-        for assignment in sorted(config.stash.get(WORKERS_KEY, []), key=lambda a: _worker_sort_key(a["worker"])):
-            terminalreporter.write_line(f"{assignment['worker']}: CUDA_VISIBLE_DEVICES="
-                                        f"{assignment['cuda_visible_devices']}"
-                                        + (f" ({assignment['note']})" if assignment["note"] else ""))
-        shared = gpus_of.sharing_note(plan["workers"], len(plan["gpus"]))
-        count = len(plan["gpus"])
-        gpus = f"{count} GPU{'s' if count > 1 else ''} ({','.join(plan['gpus'])})"
-        gpus += ", shared round-robin" if shared else ""
-    terminalreporter.write_line(f"wall time {wall:.1f} s, {plan['workers']} xdist workers, {gpus}")
-
-
-def _worker_sort_key(worker: str) -> tuple:
-    try:
-        return (0, gpus_of.worker_index(worker))
-    except gpus_of.GpuAssignmentError:
-        return (1, worker)
+    sharding.write_summary(terminalreporter, config, plan, wall)
 
 
 def _write_case_table(terminalreporter, config: pytest.Config, rows: list[dict]) -> None:

@@ -16,9 +16,9 @@ from specbench.eagle.checkpoint3 import load_eagle3_head, save_eagle3_head
 from specbench.eagle.draft_head import EagleHead
 from specbench.eagle.eagle3 import Eagle3Config, eagle3_aux_layers
 from specbench.eagle.training import (
-    EagleTrainSettings, UnrolledAttention, eagle_loss, eagle_step, generate_features, make_batch, step_inputs,
-    train_eagle_head,
+    EagleTrainSettings, UnrolledAttention, eagle_loss, eagle_step, step_inputs, train_eagle_head,
 )
+from specbench.eagle.training_data import generate_features, make_batch
 from specbench.eagle.training3 import (
     draft_logits, eagle3_loss, eagle3_step, new_eagle3_head, select_draft_vocab, token_counts, train_eagle3_head,
 )

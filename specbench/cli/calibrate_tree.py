@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from specbench.cases import DTYPE_NAMES, Case, argument_type, parse_device
+from specbench.cases import DTYPE_NAMES, Case
+from specbench.cli.arguments import argument_type, parse_device
 from specbench.harness import load_prompt_ids, load_target
 
 DESCRIPTION = """``specbench calibrate-tree``: a Medusa tree calibrated for a given checkpoint, so users are not

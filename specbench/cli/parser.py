@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from specbench.cases import DTYPE_NAMES, ENGINE_NAMES, argument_type, builtin_suites, list_argument_type, parse_device
+from specbench.cases import DTYPE_NAMES, ENGINE_NAMES, builtin_suites
+from specbench.cli.arguments import argument_type, list_argument_type, parse_device
 from specbench.cli.baselines_command import cmd_baselines_migrate, cmd_baselines_regenerate, cmd_baselines_show
 from specbench.cli.env_command import cmd_env
 from specbench.cli.run_command import DEFAULT_SUITE, REFERENCE_MEDUSA, REFERENCE_TARGET, REFERENCE_TREE, cmd_run

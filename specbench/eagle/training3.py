@@ -7,9 +7,10 @@ from torch import nn
 
 from specbench.eagle.eagle3 import Eagle3Config, Eagle3Head
 from specbench.eagle.training import (
-    EagleTrainSettings, FeatureSet, TrainBatch, UnrolledAttention, freeze, mean_or_zero, mlp_block, soft_cross_entropy,
-    step0_inputs, step_inputs, train_loop, unroll_columns,
+    EagleTrainSettings, UnrolledAttention, freeze, mean_or_zero, mlp_block, soft_cross_entropy, step0_inputs,
+    step_inputs, train_loop, unroll_columns,
 )
+from specbench.eagle.training_data import FeatureSet, TrainBatch
 from specbench.engine.static_ops import rms_norm
 
 

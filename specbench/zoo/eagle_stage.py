@@ -16,7 +16,8 @@ from specbench.eagle.checkpoint import load_eagle_head, save_eagle_head
 from specbench.eagle.checkpoint3 import load_eagle3_head, save_eagle3_head
 from specbench.eagle.draft_head import EagleConfig, EagleHead
 from specbench.eagle.eagle3 import Eagle3Config, eagle3_aux_layers
-from specbench.eagle.training import EagleTrainSettings, FeatureSet, eagle_loss, evaluate, generate_features, train_eagle_head
+from specbench.eagle.training import EagleTrainSettings, eagle_loss, evaluate, train_eagle_head
+from specbench.eagle.training_data import FeatureSet, generate_features
 from specbench.eagle.training3 import (
     eagle3_loss, new_eagle3_head, select_draft_vocab, token_counts, train_eagle3_head, vocab_coverage,
 )
