@@ -132,11 +132,15 @@ def test_case(specbench_run, name):
 """
 
 
+def run_faulty_session(pytester, request, error: str):
+    """An inner pytest session of FAULTY_TESTS whose "first" case raises ``error`` (Python source)."""
+    pytester.makepyfile(test_faulty=FAULTY_TESTS.format(tests_dir=str(request.path.parent), error=error))
+    return pytester.runpytest("-p", "no:randomly", "-p", "no:cacheprovider", "--specbench-no-history",
+                              "--specbench-baselines", str(pytester.path / "baselines"))
+
+
 def test_pytest_an_oom_fails_its_test_in_one_line_and_the_next_passes(pytester, request):
-    pytester.makepyfile(test_faulty=FAULTY_TESTS.format(tests_dir=str(request.path.parent),
-                                                       error=f"torch.OutOfMemoryError({OOM_MESSAGE!r})"))
-    result = pytester.runpytest("-p", "no:randomly", "-p", "no:cacheprovider", "--specbench-no-history",
-                                "--specbench-baselines", str(pytester.path / "baselines"))
+    result = run_faulty_session(pytester, request, f"torch.OutOfMemoryError({OOM_MESSAGE!r})")
     result.assert_outcomes(failed=1, passed=1)
     line = "cli/first: ERROR OutOfMemoryError: " + OOM_LINE.split(": ERROR OutOfMemoryError: ")[1]
     text = result.stdout.str()
@@ -154,10 +158,7 @@ CACHE_MESSAGE = ("batch_size 64 needs a static KV cache of 123456789 bytes (64 s
 
 def test_pytest_a_batched_cache_that_cannot_fit_fails_its_test_in_one_line(pytester, request):
     """check_cache_fits raises a MemoryError (not a RuntimeError) before allocating: still the case's one-line fault."""
-    pytester.makepyfile(test_faulty=FAULTY_TESTS.format(tests_dir=str(request.path.parent),
-                                                       error=f"MemoryError({CACHE_MESSAGE!r})"))
-    result = pytester.runpytest("-p", "no:randomly", "-p", "no:cacheprovider", "--specbench-no-history",
-                                "--specbench-baselines", str(pytester.path / "baselines"))
+    result = run_faulty_session(pytester, request, f"MemoryError({CACHE_MESSAGE!r})")
     result.assert_outcomes(failed=1, passed=1)
     assert f"cli/first: ERROR MemoryError: {CACHE_MESSAGE}" in result.stdout.str().splitlines()
     assert "Traceback" not in result.stdout.str()

@@ -37,14 +37,20 @@ class EagleCheckpointError(CheckpointError):
 # ---------------------------------------------------------------- config.json
 
 
-def _field(raw: dict, name: str, file: Path, kind: type, default: Any = None, *, positive: bool = True) -> Any:
+def config_field(raw: dict, name: str, where: str, kind: type, default: Any = None, *, positive: bool = True,
+                 error: type[Exception] = EagleCheckpointError,
+                 missing: str = "{where}no {name!r}; an EAGLE-1/2 config.json is a Llama config that gives it") -> Any:
+    """``raw[name]`` of type ``kind`` (ints accepted for floats; numbers positive unless ``positive`` is False), or
+    ``default`` when absent; else ``error`` naming ``where`` (the file, and the table within it), the field and
+    the value (``missing``, formatted with ``where`` and ``name``, when there is none)."""
     value = raw.get(name, default)
     if value is None:
-        raise EagleCheckpointError(f"{file}: no {name!r}; an EAGLE-1/2 config.json is a Llama config that gives it")
+        raise error(missing.format(where=where, name=name))
     if kind is float and isinstance(value, int) and not isinstance(value, bool):
         value = float(value)
-    if not isinstance(value, kind) or isinstance(value, bool) != (kind is bool) or (positive and kind is not bool and value <= 0):
-        raise EagleCheckpointError(f"{file}: {name} = {value!r}, expected a{' positive' if positive else ''} {kind.__name__}")
+    numeric = positive and kind is not bool
+    if not isinstance(value, kind) or isinstance(value, bool) != (kind is bool) or (numeric and value <= 0):
+        raise error(f"{where}{name} = {value!r}, expected a{' positive' if numeric else ''} {kind.__name__}")
     return value
 
 
@@ -76,9 +82,9 @@ def read_eagle_config(file: Path) -> EagleConfig:
     act = raw.get("hidden_act", "silu")
     if act != "silu":
         raise EagleCheckpointError(f"{file}: hidden_act = {act!r}; the draft layer's MLP is SwiGLU with silu only")
-    heads = _field(raw, "num_attention_heads", file, int)
-    hidden = _field(raw, "hidden_size", file, int)
-    kv_heads = _field(raw, "num_key_value_heads", file, int, heads)
+    heads = config_field(raw, "num_attention_heads", f"{file}: ", int)
+    hidden = config_field(raw, "hidden_size", f"{file}: ", int)
+    kv_heads = config_field(raw, "num_key_value_heads", f"{file}: ", int, heads)
     if hidden % heads or heads % kv_heads:
         raise EagleCheckpointError(
             f"{file}: hidden_size {hidden}, num_attention_heads {heads}, num_key_value_heads {kv_heads}: the hidden size "
@@ -93,15 +99,15 @@ def read_eagle_config(file: Path) -> EagleConfig:
     theta, scaling = _rope(raw, file)
     config = EagleConfig(
         hidden_size=hidden,
-        intermediate_size=_field(raw, "intermediate_size", file, int),
+        intermediate_size=config_field(raw, "intermediate_size", f"{file}: ", int),
         num_attention_heads=heads,
         num_key_value_heads=kv_heads,
-        vocab_size=_field(raw, "vocab_size", file, int),
-        rms_norm_eps=_field(raw, "rms_norm_eps", file, float, 1e-6),
+        vocab_size=config_field(raw, "vocab_size", f"{file}: ", int),
+        rms_norm_eps=config_field(raw, "rms_norm_eps", f"{file}: ", float, 1e-6),
         rope_theta=theta,
         rope_scaling=scaling,
-        max_position_embeddings=_field(raw, "max_position_embeddings", file, int, 2048),
-        bias=_field(raw, "bias", file, bool, True),
+        max_position_embeddings=config_field(raw, "max_position_embeddings", f"{file}: ", int, 2048),
+        bias=config_field(raw, "bias", f"{file}: ", bool, True),
     )
     try:
         config.shape()

@@ -15,8 +15,8 @@ from safetensors.torch import save_file
 from specbench.checkpoints.resolve import resolve_model_dir
 from specbench.checkpoints.tensor_files import CheckpointError, open_tensor_file
 from specbench.checkpoints.validate import check_finite, read_json_object
-from specbench.eagle.checkpoint import (EagleCheckpointError, _field, _find_weights_file, _staged_directory, check_target_fit,
-                                        read_eagle_config)
+from specbench.eagle.checkpoint import (EagleCheckpointError, _find_weights_file, _staged_directory, check_target_fit,
+                                        config_field, read_eagle_config)
 from specbench.eagle.eagle3 import NUM_AUX_LAYERS, Eagle3Config, Eagle3Head, eagle3_aux_layers
 
 VOCAB_MAP_KEYS = ("d2t", "t2d")
@@ -38,7 +38,7 @@ def read_eagle3_config(file: Path) -> Eagle3Config:
             f"{file}: num_hidden_layers = {layers!r}; the EAGLE-3 draft head is one decoder layer (cnets.py's midlayer)"
         )
     base = read_eagle_config(file)
-    draft_vocab = _field(raw, "draft_vocab_size", file, int, base.vocab_size)
+    draft_vocab = config_field(raw, "draft_vocab_size", f"{file}: ", int, base.vocab_size)
     if draft_vocab > base.vocab_size:
         raise Eagle3CheckpointError(
             f"{file}: draft_vocab_size = {draft_vocab} exceeds vocab_size = {base.vocab_size}; the draft vocabulary is "
@@ -54,7 +54,7 @@ def read_eagle3_config(file: Path) -> Eagle3Config:
     if isinstance(aux, dict) and aux.get("use_aux_hidden_state", True) is not True:
         raise Eagle3CheckpointError(f"{file}: eagle_config.use_aux_hidden_state = {aux['use_aux_hidden_state']!r}; an "
                                     "EAGLE-3 head fuses three target layers through fc")
-    return Eagle3Config.from_eagle(base, draft_vocab, _field(raw, "norm_before_residual", file, bool, False))
+    return Eagle3Config.from_eagle(base, draft_vocab, config_field(raw, "norm_before_residual", f"{file}: ", bool, False))
 
 
 def expected_shapes3(config: Eagle3Config, layout: str = "safeailab") -> dict[str, tuple[int, ...]]:

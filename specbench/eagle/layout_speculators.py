@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from specbench.eagle.checkpoint import _rope
+from specbench.eagle.checkpoint import _rope, config_field
 from specbench.eagle.checkpoint3 import Eagle3CheckpointError
 from specbench.eagle.eagle3 import NUM_AUX_LAYERS, Eagle3Config, eagle3_aux_layers
 from specbench.engine.static_llama import UnsupportedModel
@@ -44,17 +44,10 @@ def to_head_key(file_key: str) -> str:
     return HEAD_LAYER_PREFIX + file_key.removeprefix(LAYER_PREFIX) if file_key.startswith(LAYER_PREFIX) else file_key
 
 
-def _get(raw: dict, name: str, where: str, kind: type, default: Any = _ABSENT) -> Any:
-    """``raw[name]`` of type ``kind`` (ints accepted for floats; positive numbers), or ``default`` when absent."""
-    value = raw.get(name, default)
-    if value is _ABSENT or value is None:
-        raise Eagle3CheckpointError(f"{where}{name}: missing; a speculators EAGLE-3 config.json gives it")
-    if kind is float and isinstance(value, int) and not isinstance(value, bool):
-        value = float(value)
-    if not isinstance(value, kind) or isinstance(value, bool) != (kind is bool) or (kind in (int, float) and value <= 0):
-        raise Eagle3CheckpointError(f"{where}{name} = {value!r}, expected a{'' if kind is bool else ' positive'} "
-                                    f"{kind.__name__}")
-    return value
+def _get(raw: dict, name: str, where: str, kind: type, default: Any = None) -> Any:
+    """``raw[name]`` held to ``kind`` (checkpoint.config_field), or ``default`` when absent."""
+    return config_field(raw, name, where, kind, default, error=Eagle3CheckpointError,
+                        missing="{where}{name}: missing; a speculators EAGLE-3 config.json gives it")
 
 
 def read_speculators_config(file: Path, raw: dict, target_num_layers: int | None = None) -> Eagle3Config:
