@@ -15,6 +15,8 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
+from specbench.env import gpu_name, nvidia_selector, nvml_query
+
 # NVLink SHARP (multicast) stays off in everything specbench launches: it reserves memory on every GPU and
 # is not available on every lent machine, so a run that used it would not be comparable
 NCCL_SAFE_ENV = {"NCCL_NVLS_ENABLE": "0"}
@@ -202,7 +204,7 @@ def environment_record(device: torch.device | str | None = None) -> dict:
 
 def _device_name(device: torch.device) -> str:
     if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
+        return gpu_name(device.index or 0) or "unknown GPU"
     import platform
 
     return platform.processor() or platform.machine() or "cpu"
@@ -219,18 +221,18 @@ def _hardware_class(names: list, world_size: int, cuda: bool) -> str:
 
 
 def _nvlink_state(index: int) -> str:
-    """NVLink links active on GPU ``index`` as NVML reports them; "unknown (...)" without pynvml."""
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+    """NVLink links active on CUDA device ``index`` as NVML reports them (the GPU named by its UUID, which
+    CUDA_VISIBLE_DEVICES does not renumber); "unknown (...)" without an NVML answer."""
+    def active_links(pynvml, handle) -> int:
         active = 0
         for link in range(getattr(pynvml, "NVML_NVLINK_MAX_LINKS", 18)):
             try:
                 active += pynvml.nvmlDeviceGetNvLinkState(handle, link) == pynvml.NVML_FEATURE_ENABLED
             except pynvml.NVMLError:
                 break
-        return f"NVLink ({active} links active)" if active else "PCIe (no active NVLink)"
-    except Exception as error:  # no pynvml, no driver, no NVLink API: say so rather than guess
-        return f"unknown (NVML unavailable: {type(error).__name__})"
+        return active
+
+    active = nvml_query(nvidia_selector(index), active_links)
+    if active is None:  # no pynvml, no driver, no NVLink API: say so rather than guess
+        return "unknown (NVML unavailable)"
+    return f"NVLink ({active} links active)" if active else "PCIe (no active NVLink)"

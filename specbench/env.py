@@ -55,7 +55,7 @@ def environment_fingerprint(device: str | None = None, dtype: str | None = None)
         device = f"cuda:{gpu_index}"  # "cuda" alone would not say which GPU was described
     elif device is None:
         device = "cpu"
-    gpu_name = _gpu_name(gpu_index) if gpu_index is not None else None
+    name = gpu_name(gpu_index) if gpu_index is not None else None
     memory_bytes = _gpu_memory_bytes(gpu_index) if gpu_index is not None else None
     commit, dirty = _git_state()
     return {
@@ -73,7 +73,7 @@ def environment_fingerprint(device: str | None = None, dtype: str | None = None)
         "cuda_version": torch.version.cuda,  # the CUDA torch was built against
         "cudnn_version": _cudnn_version(),
         "gpu_count": torch.cuda.device_count() if _cuda_available() else 0,
-        "gpu_name": gpu_name,
+        "gpu_name": name,
         "gpu_memory_bytes": memory_bytes,
         "gpu_memory_gib": memory_bytes / 2**30 if memory_bytes is not None else None,
         "driver_version": _driver_version(gpu_index) if gpu_index is not None else None,
@@ -83,7 +83,7 @@ def environment_fingerprint(device: str | None = None, dtype: str | None = None)
         "dtype": _dtype_name(dtype),
         "git_commit": commit,
         "git_dirty": dirty,
-        "hardware_class": hardware_class(gpu_name),
+        "hardware_class": hardware_class(name),
     }
 
 
@@ -108,7 +108,7 @@ def gpu_inventory() -> list[tuple[str, float]]:
         return []
     import torch
 
-    return [(_gpu_name(i) or f"cuda:{i}", gpu_memory_gib(i) or 0.0) for i in range(torch.cuda.device_count())]
+    return [(gpu_name(i) or f"cuda:{i}", gpu_memory_gib(i) or 0.0) for i in range(torch.cuda.device_count())]
 
 
 def gpu_shortfall(min_gib: float, gpus: list[tuple[str, float]]) -> str | None:
@@ -135,7 +135,7 @@ def gpu_clocks(index: int = 0) -> dict | None:
     [] when none is active. Read through NVML (pynvml, the ``gpu`` extra) when it imports, else
     nvidia-smi; None when neither answers (no GPU, no driver). Never raises."""
     try:
-        selector = _nvidia_selector(index)
+        selector = nvidia_selector(index)
         return _nvml_clocks(selector) or _smi_clocks(selector)
     except Exception:  # the fingerprint is taken after a finished run; it must not lose that run
         return None
@@ -189,7 +189,7 @@ def _gpu_index(device: str | None) -> int | None:
     return parsed.index
 
 
-def _gpu_name(index: int) -> str | None:
+def gpu_name(index: int) -> str | None:
     import torch
 
     try:
@@ -245,7 +245,7 @@ def _throttle_part(run: list[str] | None, base: list[str] | None) -> str | None:
     return f"throttled by {'+'.join(new)} (the baseline was not)" if new else None
 
 
-def _nvidia_selector(index: int) -> str:
+def nvidia_selector(index: int) -> str:
     """How NVML and nvidia-smi name CUDA device ``index``: its UUID where torch knows it, since
     CUDA_VISIBLE_DEVICES and CUDA_DEVICE_ORDER renumber devices for torch only; else the index."""
     if _cuda_available():
@@ -260,10 +260,12 @@ def _nvidia_selector(index: int) -> str:
     return str(index)
 
 
-def _nvml_clocks(selector: str) -> dict | None:
+def nvml_query(selector: str, read):
+    """``read(pynvml, handle)`` for the GPU ``selector`` names (``nvidia_selector``: a UUID, else an index),
+    between nvmlInit and nvmlShutdown; None without pynvml, a driver or an answer."""
     try:
         import pynvml
-    except Exception:  # not installed (the optional ``gpu`` extra) or broken: nvidia-smi answers instead
+    except Exception:  # not installed (the optional ``gpu`` extra) or broken
         return None
     try:
         pynvml.nvmlInit()
@@ -271,8 +273,7 @@ def _nvml_clocks(selector: str) -> dict | None:
         return None
     try:
         getter = pynvml.nvmlDeviceGetHandleByIndex if selector.isdigit() else pynvml.nvmlDeviceGetHandleByUUID
-        handle = getter(int(selector) if selector.isdigit() else selector.encode())
-        return _clock_record(_nvml_fields(pynvml, handle), "nvml")
+        return read(pynvml, getter(int(selector) if selector.isdigit() else selector.encode()))
     except Exception:
         return None
     finally:
@@ -280,6 +281,11 @@ def _nvml_clocks(selector: str) -> dict | None:
             pynvml.nvmlShutdown()
         except Exception:
             pass
+
+
+def _nvml_clocks(selector: str) -> dict | None:
+    """The clock record from NVML (nvidia-smi answers instead when this is None)."""
+    return nvml_query(selector, lambda pynvml, handle: _clock_record(_nvml_fields(pynvml, handle), "nvml"))
 
 
 def _nvml_fields(pynvml, handle) -> dict:

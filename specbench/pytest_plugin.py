@@ -195,7 +195,7 @@ class _Gatekeeper:
         assignment = config.stash.get(sharding.ASSIGNMENT_KEY, None)
         if assignment is not None:  # an xdist worker: which one, and which GPUs it saw (its own first)
             result = {**result, "env": {**(result.get("env") or {}), "xdist_worker": assignment["worker"],
-                                        "cuda_visible_devices": os.environ.get(gpus_of.VISIBLE_DEVICES_VAR)}}
+                                        "cuda_visible_devices": assignment["cuda_visible_devices"]}}
         baselines_dir = config.getoption("--specbench-baselines")
         results_path = config.getoption("--specbench-results")
         if results_path:

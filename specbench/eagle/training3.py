@@ -59,10 +59,12 @@ def eagle3_step(head: Eagle3Head, attention: UnrolledAttention, embeds: torch.Te
     """One unroll step of the midlayer: embeddings and hidden (fc's output, or the parent's output) (B, W', H) at
     step 0, (B, A, H) after it -> (B, A, H) outputs of the drafted columns."""
     layer = head.midlayer
-    x = torch.cat([rms_norm(embeds, layer.input_layernorm.weight, layer.input_layernorm.eps),
-                   rms_norm(hidden, layer.hidden_norm.weight, layer.hidden_norm.eps)], dim=-1)  # embedding first
+    normed_hidden = rms_norm(hidden, layer.hidden_norm.weight, layer.hidden_norm.eps)  # (B, W', H)
+    x = torch.cat([rms_norm(embeds, layer.input_layernorm.weight, layer.input_layernorm.eps), normed_hidden],
+                  dim=-1)  # embedding first
     attended = attention(x)  # (B, A, H)
-    return mlp_block(layer, hidden[:, hidden.shape[1] - attended.shape[1]:] + attended)  # the residual is the hidden
+    residual = normed_hidden if layer.norm_before_residual else hidden  # as Eagle3DecoderLayer.forward
+    return mlp_block(layer, residual[:, residual.shape[1] - attended.shape[1]:] + attended)
 
 
 def draft_logits(head: Eagle3Head, out: torch.Tensor) -> torch.Tensor:

@@ -6,7 +6,6 @@ import os
 
 import torch
 
-from specbench.engine.transfers import host_to_device
 
 
 def cache_bytes(batch_size: int, num_layers: int, num_kv_heads: int, capacity: int, head_dim: int, dtype: torch.dtype) -> int:
@@ -76,13 +75,9 @@ class BatchedKVCache:
         self.lengths[slot] += count
         self.host_lengths[slot] += count
 
-    def advance(self, counts: list[int]) -> None:
-        """Advance every slot's length by its own ``counts[b]`` (0 for idle slots), in one device op."""
-        self.advance_device(host_to_device(counts, self.lengths.device))
-        self.mirror_advance(counts)
-
     def advance_device(self, counts: torch.Tensor) -> None:
-        """The device half of ``advance``: ``counts`` ``(B,)`` already on the device; ``mirror_advance`` must follow."""
+        """Advance every slot's length by its own ``counts[b]`` (``(B,)`` on the device, 0 for idle slots), in one
+        device op; ``mirror_advance`` must follow with the same counts."""
         self.lengths.add_(counts)  # (B,)
 
     def mirror_advance(self, counts: list[int]) -> None:

@@ -101,10 +101,6 @@ class StepReadback:
             self._tokens = [row[1: 1 + row[0]] for row in self._host.tolist()]
         return self._tokens
 
-    def kept(self) -> list[int]:
-        """Per slot, the nodes it keeps (the tokens it emits)."""
-        return [len(row) for row in self.tokens()]
-
 
 def read_step(verdict: BatchVerdict) -> StepReadback:
     """Start the step's one device-to-host transfer (the function a test counts)."""
