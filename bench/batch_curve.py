@@ -32,11 +32,12 @@ For each batch size B (``--batch-sizes``) the same prompt pool's first ``B x --r
 through ``BatchedDecoder`` at B slots (static engine, CUDA graphs per (kind, width), bf16 on CUDA):
 plainly, with the oracle (the target's own greedy continuation, K draft tokens: full acceptance) and with the
 Medusa-7B acceptance profile (the oracle wrong at random per position, Medusa-1's published per-head top-1 on
-Vicuna-7B; bench/speed_7b.py). Per B: throughput (output tokens / wall seconds of the run), per-request time
-per output token, TTFT (from admission, and from the run's start), speedup vs plain at the same B,
+Vicuna-7B; bench/speed_7b.py). Per B: throughput (output tokens / wall seconds of the run), decode
+throughput (the tokens of the verify steps / their wall time: admissions, i.e. group prefills, left out,
+and their seconds beside it), per-request time per output token, TTFT (from admission, and from the run's start), speedup vs plain at the same B,
 acceptance rate and MAL, the CUDA allocator's peak. Also, in the same run: the single-sequence static engine
 at batch 1 (plain and oracle) against the batched B = 1 (the issue asks for the two within 3%), the plain
-throughput ratio largest B / B = 1, and per proposer the crossover B (the first at which it no longer
+throughput ratios largest B / B = 1 (whole run and decode phase), and per proposer the crossover B (the first at which it no longer
 beats plain). Graph capture, compilation and warm-up runs are never timed. Writes OUT_DIR/batch_curve.json
 atomically and prints a table.
 
@@ -87,8 +88,9 @@ def _finite(x):
     return None if x is None or (isinstance(x, float) and math.isnan(x)) else x
 
 
-def summarize(results: list, wall_s: float) -> dict:
-    """The figures of one batched (or sequential) run of requests."""
+def summarize(results: list, wall_s: float, stats=None) -> dict:
+    """The figures of one batched (or sequential) run of requests; ``stats`` (a batched run's BatchedRunStats)
+    adds its decode phase apart from its admissions."""
     tokens = sum(r.timing.num_output_tokens for r in results)
     counters = SpecCounters()
     for r in results:
@@ -103,6 +105,9 @@ def summarize(results: list, wall_s: float) -> dict:
         "acceptance_rate": _finite(counters.acceptance_rate),
         "mean_acceptance_length": _finite(counters.mean_acceptance_length),
         "num_drafts": counters.num_drafts,
+        "decode_throughput_tokens_per_s": None if stats is None else _finite(stats.decode_throughput_tokens_per_s),
+        "admission_s": None if stats is None else stats.admission_s,
+        "decode_s": None if stats is None else stats.step_s,
     }
 
 
@@ -135,10 +140,10 @@ def measure_batch(static: StaticTarget, batch: int, prompts: list, truths: dict,
         warm = GenerationConfig(max_new_tokens=min(4, config.max_new_tokens), ignore_eos=True)
         BatchedDecoder(target, make(), warm).generate_all(prompts[:batch])  # sizes the cache, captures the graphs
         decoder = BatchedDecoder(target, make(), config)
-        runs = [timed(static.device, lambda: decoder.generate_all(prompts)) for _ in range(args.repeats)]
-        results, wall, peak = sorted(runs, key=lambda r: r[1])[len(runs) // 2]  # the median run by wall time
-        figures[kind] = {**summarize(results, wall), "peak_memory_bytes": peak,
-                         "mean_active_slots": statistics.fmean(decoder.stats.active_per_step)}
+        runs = [timed(static.device, lambda: (decoder.generate_all(prompts), decoder.stats)) for _ in range(args.repeats)]
+        (results, stats), wall, peak = sorted(runs, key=lambda r: r[1])[len(runs) // 2]  # the median run by wall time
+        figures[kind] = {**summarize(results, wall, stats), "peak_memory_bytes": peak,
+                         "mean_active_slots": statistics.fmean(stats.active_per_step)}
         if kind != "plain":
             plain = figures["plain"]["throughput_tokens_per_s"]
             figures[kind]["speedup_vs_plain"] = figures[kind]["throughput_tokens_per_s"] / plain if plain else None
@@ -177,12 +182,13 @@ def crossover(curve: list[dict], kind: str) -> int | None:
 
 
 def table(report: dict) -> str:
-    lines = [f"{'B':>3} {'run':15} {'tok/s':>10} {'ms/token':>9} {'TTFT ms':>8} {'speedup':>8} {'accept':>7} {'MAL':>5} "
+    lines = [f"{'B':>3} {'run':15} {'tok/s':>10} {'decode':>10} {'ms/token':>9} {'TTFT ms':>8} {'speedup':>8} {'accept':>7} {'MAL':>5} "
              f"{'peak GiB':>9}"]
     for point in report["curve"]:
         for kind in RUNS:
             f = point[kind]
             cells = [f"{point['batch_size']:>3}", f"{kind:15}", _num(f["throughput_tokens_per_s"], 10, 1),
+                     _num(f["decode_throughput_tokens_per_s"], 10, 1),
                      _num(f["time_per_output_token_s"], 9, 2, 1e3), _num(f["ttft_s"], 8, 1, 1e3),
                      _num(f.get("speedup_vs_plain"), 8, 2), _num(f["acceptance_rate"], 7, 2),
                      _num(f["mean_acceptance_length"], 5, 2), _num(f["peak_memory_bytes"], 9, 2, 2.0**-30)]
@@ -278,8 +284,10 @@ def summary(report: dict) -> dict:
             batched, alone = points[1][kind]["throughput_tokens_per_s"], single[kind]["throughput_tokens_per_s"]
             out[f"batch_1_{kind}_batched_over_single_sequence"] = batched / alone if batched and alone else None
         largest = max(points)
-        low, high = points[1]["plain"]["throughput_tokens_per_s"], points[largest]["plain"]["throughput_tokens_per_s"]
-        out[f"plain_throughput_b{largest}_over_b1"] = high / low if low and high else None
+        for name in ("throughput_tokens_per_s", "decode_throughput_tokens_per_s"):
+            low, high = points[1]["plain"][name], points[largest]["plain"][name]
+            label = "throughput" if name == "throughput_tokens_per_s" else "decode_throughput"
+            out[f"plain_{label}_b{largest}_over_b1"] = high / low if low and high else None
     for kind in ("oracle", "medusa_profile"):
         out[f"crossover_batch_size_{kind}"] = crossover(report["curve"], kind)
     return out

@@ -33,14 +33,17 @@ def test_report_structure(report):
             figures = point[kind]
             assert figures["num_requests"] == 2 * point["batch_size"]  # --rounds 2
             assert figures["num_output_tokens"] == 8 * figures["num_requests"]  # EOS ignored
-            for key in ("throughput_tokens_per_s", "time_per_output_token_s", "ttft_s", "ttft_from_start_s", "wall_s"):
+            for key in ("throughput_tokens_per_s", "time_per_output_token_s", "ttft_s", "ttft_from_start_s", "wall_s",
+                        "decode_throughput_tokens_per_s", "admission_s", "decode_s"):
                 assert figures[key] > 0, (kind, key)
+            assert figures["admission_s"] + figures["decode_s"] <= figures["wall_s"]  # the run's two phases, apart
             assert "peak_memory_bytes" in figures  # None off CUDA
         assert point["plain"]["num_drafts"] == 0 and point["plain"]["mean_acceptance_length"] == 1.0
         assert point["oracle"]["speedup_vs_plain"] > 0 and point["medusa_profile"]["speedup_vs_plain"] > 0
     assert set(report["single_sequence_batch_1"]) == {"plain", "oracle"}
     assert set(report["summary"]) == {"batch_1_plain_batched_over_single_sequence",
                                       "batch_1_oracle_batched_over_single_sequence", "plain_throughput_b3_over_b1",
+                                      "plain_decode_throughput_b3_over_b1",
                                       "crossover_batch_size_oracle", "crossover_batch_size_medusa_profile"}
     assert "single-sequence static engine, batch 1" in report["table"]
 

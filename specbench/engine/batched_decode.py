@@ -44,6 +44,14 @@ class BatchedRunStats:
     num_admissions: int = 0  # prompts prefilled into a slot
     num_refills: int = 0  # admissions into a slot a finished request had used
     active_per_step: list[int] = field(default_factory=list)  # slots decoding in each step
+    step_tokens: int = 0  # output tokens the verify steps emitted (each request's first comes from its prefill)
+    admission_s: float = 0.0  # wall time of admissions: group prefills and first tokens
+    step_s: float = 0.0  # wall time of the verify steps, proposing included
+
+    @property
+    def decode_throughput_tokens_per_s(self) -> float:
+        """Output tokens of the steps / their wall time: the decode phase's throughput, admissions left out."""
+        return self.step_tokens / self.step_s if self.step_s > 0 else float("nan")
 
 
 @dataclass
@@ -168,7 +176,9 @@ class BatchedDecoder:
             active = [b for b, s in enumerate(slots) if s is not None]
             if not active:
                 break
-            self._step(slots, active)
+            started = time.perf_counter()
+            self._step(slots, active)  # ends with the step's readback: the device is done with it
+            self.stats.step_s += time.perf_counter() - started
             for b in active:
                 if slots[b].finished:
                     results[slots[b].request] = self._finish(slots[b], b, run_start)
@@ -177,40 +187,55 @@ class BatchedDecoder:
         return results
 
     def _refill(self, slots, used, queue, prompts, seeds, results, run_start) -> None:
-        """Admit queued prompts into free slots; a request done at its first token frees its slot at once."""
-        for b in range(len(slots)):
-            while slots[b] is None and queue:
-                index = queue.popleft()
+        """Admit queued prompts into the free slots, all together; a request done at its first token frees its slot,
+        which the next admission round refills."""
+        while queue:
+            free = [b for b, s in enumerate(slots) if s is None][: len(queue)]
+            if not free:
+                return
+            indices = [queue.popleft() for _ in free]
+            for b in free:
                 self.stats.num_admissions += 1
                 self.stats.num_refills += used[b]
                 used[b] = True
-                seed = self.config.seed if seeds is None else seeds[index]
-                slots[b] = self._admit(b, index, prompts[index], seed)
-                if slots[b].finished:
-                    results[index] = self._finish(slots[b], b, run_start)
+            seeds_of = [self.config.seed if seeds is None else seeds[i] for i in indices]
+            admitted = self._admit(free, indices, [prompts[i] for i in indices], seeds_of)
+            for b, state in zip(free, admitted):
+                slots[b] = state
+                if state.finished:
+                    results[state.request] = self._finish(state, b, run_start)
                     slots[b] = None
                     self.target.release(b)
 
-    def _admit(self, slot: int, index: int, prompt: torch.Tensor, seed: int) -> _Slot:
-        """Prefill ``prompt`` into ``slot`` and take its first token, as the single-sequence loop does."""
+    def _admit(self, free: list[int], indices: list[int], prompts: list[torch.Tensor], seeds: list[int]) -> list[_Slot]:
+        """Prefill ``prompts`` into slots ``free`` in one group and take each one's first token, as the single-sequence
+        loop does for one: each request's TTFT is the group's (docs/batching.md#admission)."""
         device = self.target.device
-        generator = torch.Generator(device=device)
-        generator.manual_seed(seed)
         _synchronize(device)
         admitted_at = time.perf_counter()
-        prefill = self.target.prefill(slot, prompt)
-        first = verify(_EMPTY_DRAFT, prefill.logits, self.config.sampling, generator)
+        on_device = [p.to(device) for p in prompts]
+        prefills = self.target.prefill_many(free, on_device)
+        generators = []
+        for seed in seeds:
+            generators.append(torch.Generator(device=device))
+            generators[-1].manual_seed(seed)
+        firsts = [verify(_EMPTY_DRAFT, out.logits, self.config.sampling, g).next_token
+                  for out, g in zip(prefills, generators)]
         _synchronize(device)
         first_token_s = time.perf_counter() - admitted_at
-        features = None
-        if self.proposer is not None and self.proposer.needs_hidden_states:
-            features = prefill.aux_hidden_states if prefill.aux_hidden_states is not None else prefill.hidden_states
-        self._history.admit(slot, prompt.to(device), first.next_token, prefill.hidden_states[-1], features)
-        state = _Slot(index, prompt.numel() + 1, [first.next_token], generator, admitted_at, first_token_s)
-        state.finished = self._ended(state)
-        if self.proposer is not None and not state.finished:
-            self.proposer.begin_request(slot, prompt.to(device))
-        return state
+        self.stats.admission_s += first_token_s
+        states = []
+        for slot, index, prompt, first, out, generator in zip(free, indices, on_device, firsts, prefills, generators):
+            features = None
+            if self.proposer is not None and self.proposer.needs_hidden_states:
+                features = out.aux_hidden_states if out.aux_hidden_states is not None else out.hidden_states
+            self._history.admit(slot, prompt, first, out.hidden_states[-1], features)
+            state = _Slot(index, prompt.numel() + 1, [first], generator, admitted_at, first_token_s)
+            state.finished = self._ended(state)
+            if self.proposer is not None and not state.finished:
+                self.proposer.begin_request(slot, prompt)
+            states.append(state)
+        return states
 
     def _ended(self, state: _Slot) -> bool:
         eos = () if self.config.ignore_eos else self.config.eos_token_ids
@@ -240,7 +265,7 @@ class BatchedDecoder:
         self.stats.active_per_step.append(len(active))
         tokens = emitted()
         for b in active:
-            self._record(slots[b], drafts[b], tokens[b])
+            self.stats.step_tokens += self._record(slots[b], drafts[b], tokens[b])
 
     def _input(self, root: int, draft: Draft) -> SlotInput:
         """Slot input ``[root, *draft]``: the root is host-known; a draft on the target's device (Medusa, n-gram)
@@ -288,16 +313,19 @@ class BatchedDecoder:
         drafts = self.proposer.propose(states)
         return {b: d if d is not None and len(d) else _EMPTY_DRAFT for b, d in drafts.items()}
 
-    def _record(self, state: _Slot, draft: Draft, new: list[int]) -> None:
-        """The host's bookkeeping of one slot's step: counters, length, emitted tokens and its end."""
+    def _record(self, state: _Slot, draft: Draft, new: list[int]) -> int:
+        """The host's bookkeeping of one slot's step: counters, length, emitted tokens and its end. Returns the
+        output tokens it kept (none past EOS or max_new_tokens)."""
         state.counters.record_step(draft.depth(), len(new) - 1)
         state.length += len(new)
         eos = () if self.config.ignore_eos else self.config.eos_token_ids
+        before = min(len(state.emitted), self.config.max_new_tokens)
         for token in new:
             state.emitted.append(token)
             if token in eos:
                 break
         state.finished = self._ended(state)
+        return min(len(state.emitted), self.config.max_new_tokens) - before
 
     def _finish(self, state: _Slot, slot: int, run_start: float) -> BatchedGenerationResult:
         _synchronize(self.target.device)

@@ -1,4 +1,4 @@
-"""A static Llama-family target of B slots: per-slot prefill, one fixed-width verify forward, per-slot ragged commit.
+"""A static Llama-family target of B slots: per-slot or group prefill, one fixed-width verify forward, per-slot ragged commit.
 
 Each slot holds one request in its own row of a :class:`~specbench.engine.batched_cache.BatchedKVCache`.
 A verify step scores ``(B, W)`` nodes at the step kind's fixed width W (plain 1, chain K + 1, tree
@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from specbench.engine.batched_cache import BatchedKVCache, check_cache_fits
+from specbench.engine.batched_prefill import DEFAULT_TOKEN_BUDGET, prefill_group, split_group
 from specbench.engine.transfers import host_to_device
 from specbench.engine.graph_capture import GraphBackend, StepGraphs
 from specbench.engine.static_llama import StaticLlamaForCausalLM
@@ -112,6 +113,7 @@ class BatchedStaticTarget:
         self._graphs = StepGraphs.for_device(self.device, cuda_graphs, graph_backend)
         self.cuda_graphs = self._graphs.enabled
         self.aux_layers: tuple[int, ...] = ()
+        self.prefill_token_budget = DEFAULT_TOKEN_BUDGET  # padded tokens per group-prefill forward (prefill_many)
 
     @property
     def capture_seconds(self) -> float:
@@ -195,15 +197,8 @@ class BatchedStaticTarget:
     @torch.inference_mode()
     def prefill(self, slot: int, input_ids: torch.Tensor) -> TargetOutput:
         """Run a prompt ``(T,)`` into slot ``slot`` alone (the others are untouched): StaticTarget's prefill on its row."""
-        if self._cache is None:
-            raise ValueError("prefill before reserve(): size the batched cache first")
-        if self._pending is not None:
-            raise ValueError("prefill between a verify and its commit; call commit() first")
-        ids = input_ids.to(self.device).flatten()  # (T,)
+        ids = self._prefill_ids(input_ids)  # (T,)
         length = ids.numel()
-        if not 0 < length <= self._cache.capacity:
-            raise ValueError(f"a prompt of {length} tokens does not fit a slot of {self._cache.capacity} cache entries "
-                             "(at least one token is needed); reserve() more room or shorten the prompt")
         self._cache.reset_slot(slot)
         positions = torch.arange(length, device=self.device)  # (T,)
         causal = torch.ones(length, length, dtype=torch.bool, device=self.device).tril_()  # (T, T)
@@ -211,6 +206,35 @@ class BatchedStaticTarget:
                                   aux_layers=self.aux_layers)  # (T, H), (T, A * H) or None
         self._cache.advance_slot(slot, length)
         return TargetOutput(logits=self.module.logits(hidden[-1:]), hidden_states=hidden, aux_hidden_states=aux)
+
+    @torch.inference_mode()
+    def prefill_many(self, slots: list[int], prompts: list[torch.Tensor]) -> list[TargetOutput]:
+        """Prefill ``prompts[i]`` ``(T_i,)`` into ``slots[i]`` (distinct), the others untouched: one forward per group
+        of at most ``prefill_token_budget`` padded tokens (engine/batched_prefill.py); one prompt goes through
+        :meth:`prefill`. Outputs in the order given, as :meth:`prefill` returns them."""
+        if len(slots) != len(prompts) or len(set(slots)) != len(slots):
+            raise ValueError(f"prefill_many takes distinct slots, one per prompt; got slots {slots} for "
+                             f"{len(prompts)} prompts")
+        if len(prompts) == 1:
+            return [self.prefill(slots[0], prompts[0])]
+        ids = [self._prefill_ids(p) for p in prompts]
+        outputs: list[TargetOutput] = []
+        for group in split_group([x.numel() for x in ids], self.prefill_token_budget):
+            outputs += prefill_group(self.module, self._cache, [slots[i] for i in group], [ids[i] for i in group],
+                                     self.aux_layers)
+        return outputs
+
+    def _prefill_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """A prompt ``(T,)`` on the device, checked against the cache (reserved, no verify pending, room for T)."""
+        if self._cache is None:
+            raise ValueError("prefill before reserve(): size the batched cache first")
+        if self._pending is not None:
+            raise ValueError("prefill between a verify and its commit; call commit() first")
+        ids = input_ids.to(self.device).flatten()  # (T,)
+        if not 0 < ids.numel() <= self._cache.capacity:
+            raise ValueError(f"a prompt of {ids.numel()} tokens does not fit a slot of {self._cache.capacity} cache "
+                             "entries (at least one token is needed); reserve() more room or shorten the prompt")
+        return ids
 
     @torch.inference_mode()
     def verify(self, inputs: list[SlotInput | None]) -> TargetOutput:

@@ -1,0 +1,73 @@
+"""Prefill several slots of a batched cache in one forward: prompts padded to one length, run on a scratch cache, copied in.
+
+An admission of n prompts (the start of a run, or n slots freed in the same step) costs one forward
+of ``(n, T_max)`` tokens instead of n forwards of one prompt each: a batch-1 prefill on a 7B model is
+launch-bound and the same ~1,000 kernels whatever T, so n sequential prefills cost n times that
+(docs/batching.md#admission). The group runs on a scratch cache of its own so that the other slots'
+entries are never touched (a padded row written into a live slot could overrun its room); each
+prompt's T_i entries are then copied into its slot. Row i attends causally to its own prompt only;
+the rows past T_i are padding whose outputs are dropped. Groups larger than ``token_budget`` padded
+tokens are split, which bounds the scratch cache and the activations.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from specbench.engine.batched_cache import BatchedKVCache
+from specbench.engine.target import TargetOutput
+
+DEFAULT_TOKEN_BUDGET = 8192  # padded prompt tokens per prefill forward: a 7B's scratch cache is then 4 GiB in bf16
+
+
+def split_group(lengths: list[int], token_budget: int) -> list[list[int]]:
+    """Indices of ``lengths`` in order, cut into runs whose count x longest stays within ``token_budget``
+    (a prompt longer than the budget goes alone)."""
+    if token_budget < 1:
+        raise ValueError(f"token_budget must be >= 1 padded tokens per prefill forward, got {token_budget}")
+    groups: list[list[int]] = []
+    current: list[int] = []
+    longest = 0
+    for index, length in enumerate(lengths):
+        wider = max(longest, length)
+        if current and wider * (len(current) + 1) > token_budget:
+            groups.append(current)
+            current, wider = [], length
+        current.append(index)
+        longest = wider
+    if current:
+        groups.append(current)
+    return groups
+
+
+@torch.inference_mode()
+def prefill_group(module, cache: BatchedKVCache, slots: list[int], prompts: list[torch.Tensor],
+                  aux_layers: tuple[int, ...] = ()) -> list[TargetOutput]:
+    """Run ``prompts[i]`` ``(T_i,)`` (on the cache's device) into ``slots[i]`` of ``cache`` in one forward; the other
+    slots are untouched. Returns per prompt its last row's logits ``(1, V)``, hidden states ``(T_i, H)`` and aux
+    streams ``(T_i, A * H)`` (None without aux layers), as a one-slot prefill would."""
+    lengths = [p.numel() for p in prompts]
+    n, width = len(prompts), max(lengths)
+    device = cache.kv.device
+    layers, _, _, kv_heads, _, head_dim = cache.kv.shape
+    scratch = torch.zeros(layers, 2, n, kv_heads, width, head_dim, dtype=cache.kv.dtype, device=device)  # (L, 2, n, KVH, T, D)
+    ids = torch.zeros(n, width, dtype=torch.long, device=device)  # (n, T) padded with token 0
+    for row, prompt in enumerate(prompts):
+        ids[row, : lengths[row]] = prompt
+    columns = torch.arange(width, device=device)  # (T,)
+    positions = columns.expand(n, width)  # (n, T) every prompt starts at position 0
+    causal = torch.ones(width, width, dtype=torch.bool, device=device).tril_().expand(n, width, width)  # (n, T, T)
+    hidden, aux = module(ids.flatten(), positions.flatten(), positions, causal, scratch,
+                         aux_layers=aux_layers)  # (n * T, H), (n * T, A * H) or None
+    hidden = hidden.view(n, width, -1)  # (n, T, H)
+    aux = None if aux is None else aux.view(n, width, -1)  # (n, T, A * H)
+    last = torch.tensor([t - 1 for t in lengths], device=device)  # (n,)
+    logits = module.logits(hidden[torch.arange(n, device=device), last])  # (n, V)
+    outputs = []
+    for row, (slot, length) in enumerate(zip(slots, lengths)):
+        cache.reset_slot(slot)
+        cache.kv[:, :, slot, :, :length] = scratch[:, :, row, :, :length]  # (L, 2, KVH, T_i, D)
+        cache.advance_slot(slot, length)
+        outputs.append(TargetOutput(logits=logits[row: row + 1], hidden_states=hidden[row, :length],
+                                    aux_hidden_states=None if aux is None else aux[row, :length]))
+    return outputs
