@@ -12,13 +12,17 @@
 #              tolerances; `specbench zoo synth --shape 1b` into SPECBENCH_SYNTH_1B_DIR first), stored as baselines
 #   eagle      the EAGLE and draft-model suites' CUDA twins (reference target and its shipped heads), stored as
 #              baselines
+#   batch      the batch suite's synthetic-7B curve (B = 1..32, static engine), stored as baselines
+#   batch-curve  bench/batch_curve.py on the synthetic 7B: B = 1..32, plain, oracle and the Medusa-7B profile,
+#              3 repeats per point (BATCH_CURVE_ARGS replaces those options)
+#   cuda-tests the CUDA tests of tests/ (marked large_gpu: static target, batched and EAGLE graphs)
 #   all        reference, synth, speed and speed-cases in turn
 # usage: bash bench/gpu_tier.sh OUT_DIR [STAGE...]     (from the repository root; default stage: all)
-# Logs, results (.jsonl), junit XML, the updated baselines/*.json and speed_7b.json land in OUT_DIR.
+# Logs, results (.jsonl), junit XML, the baselines/*.json a stage changed and speed_7b.json land in OUT_DIR.
 # Env: SPECBENCH_DATA_DIR (default ./.data: gsm8k/, medusa_trees/), SPECBENCH_SYNTH_DIR (default
 # /tmp/specbench-synth-7b), PYTHON. Needs torch, transformers, pytest, pytest-benchmark, pandas; not `datasets`.
 set -euo pipefail
-out_dir=${1:?usage: bash bench/gpu_tier.sh OUT_DIR [reference|synth|speed|static|eagle|speed-cases|all ...]}
+out_dir=${1:?usage: bash bench/gpu_tier.sh OUT_DIR [reference|synth|speed|static|eagle|speed-cases|batch|batch-curve|cuda-tests|all ...]}
 shift
 stages=("${@:-all}")
 [[ " ${stages[*]} " == *" all "* ]] && stages=(reference synth speed speed-cases)
@@ -50,9 +54,14 @@ suites() {
     if [[ -s "$out_dir/results_$name.jsonl" ]]; then
         "$python" -m specbench.cli baselines regenerate --from-results "$out_dir/results_$name.jsonl" \
             2>&1 | tee -a "$out_dir/large_gpu_$name.log" || status=$?
-        cp baselines/*.json "$out_dir/"
+        for file in baselines/*.json; do  # only what this stage changed (a device call brings back few files)
+            cmp -s "$file" "$before/$(basename "$file")" || cp "$file" "$out_dir/"
+        done
     fi
 }
+
+before=$(mktemp -d)
+cp baselines/*.json "$before/"
 
 for stage in "${stages[@]}"; do
     echo "== stage $stage $(date -u +%H:%M:%S)"
@@ -62,10 +71,15 @@ for stage in "${stages[@]}"; do
         synth) synthesize && suites synth "synth" ;;
         static) synthesize && suite_files=(suites/test_medusa.py suites/test_ngram.py) && suites static "static" ;;
         eagle) suite_files=(suites/test_eagle_suite.py suites/test_draft.py) && suites eagle "cuda" ;;
+        batch) synthesize && suite_files=(suites/test_batch.py) && suites batch "synth" ;;
+        batch-curve) synthesize && { "$python" bench/batch_curve.py "$out_dir" --synth-dir "$SPECBENCH_SYNTH_DIR" \
+                   ${BATCH_CURVE_ARGS:---repeats 3} 2>&1 | tee "$out_dir/batch_curve.log" || status=$?; } ;;
+        cuda-tests) "$python" -m pytest tests/test_static_target.py tests/test_batched_graphs.py tests/test_eagle_graphs.py \
+                   -m large_gpu -rs -v -p no:cacheprovider 2>&1 | tee "$out_dir/cuda_tests.log" || status=$? ;;
         speed-cases) synthesize && synthesize_1b && suite_files=(suites/test_speed.py) && suites speed_cases "synth" ;;
         speed) synthesize && synthesize_1b && { "$python" bench/speed_7b.py "$SPECBENCH_SYNTH_DIR" "$out_dir" \
                    --draft-dir "$SPECBENCH_SYNTH_1B_DIR" 2>&1 | tee "$out_dir/speed_7b.log" || status=$?; } ;;
-        *) echo "gpu_tier.sh: unknown stage '$stage' (reference, synth, speed, static, eagle, speed-cases, all)" >&2; exit 2 ;;
+        *) echo "gpu_tier.sh: unknown stage '$stage' (reference, synth, speed, static, eagle, speed-cases, batch, batch-curve, cuda-tests, all)" >&2; exit 2 ;;
     esac
 done
 exit "$status"
