@@ -136,8 +136,7 @@ def test_for_batch_picks_the_batched_form_in_every_mode(tiny, kind):
 @pytest.mark.parametrize("mode", sorted(MODES))
 def test_propose_reads_nothing_back_and_a_step_once(tiny, mode, monkeypatch):
     """Argmax / top-k on the device, catch-up starts and counts from host-known lengths: no host read in propose;
-    a chain or static tree step reads the device once (a dynamic tree's depths are still read per slot by the
-    batched loop, engine/batched_decode.py: docs/batching.md)."""
+    every step reads the device once, a dynamic tree's depths riding on the step's readback."""
     makers, prompts = tiny
     static, make_with = makers["eagle"]
     config = GenerationConfig(max_new_tokens=12, ignore_eos=True)
@@ -156,8 +155,7 @@ def test_propose_reads_nothing_back_and_a_step_once(tiny, mode, monkeypatch):
     assert_each_request_as_alone(batched, alone)
     assert len(in_propose) >= len(steps) == decoder.stats.num_steps > 0
     assert not any(in_propose), [r for r in in_propose if r][:1]
-    if mode != "dynamic-tree":
-        assert set(steps) == {(1, 1)}, steps
+    assert set(steps) == {(1, 1)}, steps
 
 
 def test_features_of_the_wrong_width_are_refused_naming_set_aux_layers(tiny):

@@ -44,7 +44,8 @@ def counted_run(static, proposer_for, prompts, config, batch_size, monkeypatch):
     monkeypatch.setattr(batched_decode, "verify_step", refuse)
     readbacks = []
     original_read = batched_decode.read_step
-    monkeypatch.setattr(batched_decode, "read_step", lambda verdict: readbacks.append(1) or original_read(verdict))
+    monkeypatch.setattr(batched_decode, "read_step",
+                        lambda verdict, depths=None: readbacks.append(1) or original_read(verdict, depths))
     target = BatchedStaticTarget.from_static_target(static, batch_size)
     decoder = BatchedDecoder(target, for_batch(proposer_for(static), batch_size), config)
     decoder.generate_all(prompts[:1])  # warm-up: a static tree's depths are read once per run of the decoder

@@ -250,14 +250,20 @@ class BatchedDecoder:
             inputs[b] = self._input(slots[b].emitted[-1], drafts[b])
         out = self.target.verify(inputs)  # logits (B, W, V), hidden (B, W, H)
         self._history.ensure(max(slots[b].length for b in active) + out.logits.shape[1])  # no row clamps a write
+        unknown = [b for b in active if drafts[b].precomputed_depth is None]  # trees drafted anew (EAGLE-2)
         if verifies_greedily(self.config.sampling):
             step = self.target.verified_step()  # ids (B, W), ancestors (B, W, W), counts (B,) on the device
             verdict = verify_batch(step.ids, out.logits, step.ancestors, step.counts, chain=step.chain)
-            emitted = read_step(verdict).tokens  # the step's one device-to-host transfer, waited for below
+            # a tree step's padded rows see only themselves: each slot's deepest node from its ancestor rows
+            depths = (step.ancestors.sum(dim=-1) - 1).amax(dim=-1) if unknown else None  # (B,)
+            readback = read_step(verdict, depths)  # the step's one device-to-host transfer, waited for below
+            emitted = readback.tokens
         else:
             verdict, tokens = self._verify_sampled(slots, active, drafts, inputs, out)
-            emitted = lambda: tokens  # noqa: E731
+            emitted, readback, unknown = (lambda: tokens), None, []  # host verification reads them
         self._history.record(verdict, out)
+        for b in unknown:  # waits for the readback before the commit is queued: it sizes the commit's gather
+            drafts[b].precomputed_depth = readback.depths()[b]  # what Draft.depth() would read, slot by slot
         moved = [drafts[b].depth() + 1 for b in active if not drafts[b].is_chain]  # trees: paths may need moving
         source = verdict.nodes[:, : max(moved)] if moved else None  # (B, P) P: the longest possible path
         self.target.commit_accepted(verdict.kept, source, lambda: [len(t) for t in emitted()])
@@ -274,9 +280,15 @@ class BatchedDecoder:
         if not len(draft):
             return SlotInput([root], [0])
         chain = draft.is_chain
-        depths = list(range(len(draft) + 1)) if chain else self._host_depths(draft.depths())
+        on_host = draft.tokens.device != self.target.device  # host-held (a CPU tensor): the whole input is host-known
+        if chain:
+            depths = list(range(len(draft) + 1))
+        elif draft.precomputed_depth is None and not on_host:  # a tree drafted anew on the device: its depths stay there
+            depths = draft.depths()
+        else:
+            depths = self._host_depths(draft.depths())
         mask = None if chain else draft.tree_mask()
-        if draft.tokens.device != self.target.device:  # host-held (a CPU tensor): the whole input is host-known
+        if on_host:
             return SlotInput([root, *draft.tokens.tolist()], depths, mask)
         return SlotInput([root], depths, mask, tail=draft.tokens)
 

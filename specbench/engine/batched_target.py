@@ -316,7 +316,7 @@ class BatchedStaticTarget:
             if x is None:
                 continue
             for rows, parts, values in ((ids, device_ids, x.ids), (depths, device_depths, x.depths)):
-                if isinstance(values, list) or values.device.type == "cpu":
+                if isinstance(values, list) or values.device != self.device:  # host-held (a GPU target's CPU tensor)
                     flat = values if isinstance(values, list) else values.flatten().tolist()
                     rows[slot][: len(flat)] = flat
                 else:

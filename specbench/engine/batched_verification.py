@@ -78,11 +78,15 @@ def _verdict(ids: torch.Tensor, target: torch.Tensor, nodes: torch.Tensor, kept:
 
 
 class StepReadback:
-    """The one device-to-host transfer of a step: ``(B, 1 + W)`` [kept, emitted tokens] copied without blocking
+    """The one device-to-host transfer of a step: ``(B, 1 + W)`` [kept, emitted tokens], and with ``depths`` ``(B,)``
+    (each slot's deepest draft node, for trees drafted anew each step) one more column, copied without blocking
     (into pinned memory on CUDA, an event recorded behind it), waited for at the first ``tokens()``."""
 
-    def __init__(self, verdict: BatchVerdict):
-        packed = torch.cat([verdict.kept[:, None], verdict.emitted], dim=1)  # (B, 1 + W)
+    def __init__(self, verdict: BatchVerdict, depths: torch.Tensor | None = None):
+        parts = [verdict.kept[:, None], verdict.emitted] + ([] if depths is None else [depths[:, None]])
+        packed = torch.cat(parts, dim=1)  # (B, 1 + W) or (B, 2 + W)
+        self._width = verdict.emitted.shape[1]
+        self._depths: list[int] | None = None
         self._event = None
         if packed.device.type == "cuda":
             self._host = torch.empty(packed.shape, dtype=packed.dtype, pin_memory=True)
@@ -98,13 +102,23 @@ class StepReadback:
         if self._tokens is None:
             if self._event is not None:
                 self._event.synchronize()
-            self._tokens = [row[1: 1 + row[0]] for row in self._host.tolist()]
+            rows = self._host.tolist()
+            self._tokens = [row[1: 1 + row[0]] for row in rows]
+            if len(rows[0]) > 1 + self._width:
+                self._depths = [row[-1] for row in rows]
         return self._tokens
 
+    def depths(self) -> list[int]:
+        """Per slot, the deepest node of its step's draft (0 idle), when the readback carried them."""
+        self.tokens()
+        if self._depths is None:
+            raise ValueError("this step's readback carried no depths: pass depths to read_step")
+        return self._depths
 
-def read_step(verdict: BatchVerdict) -> StepReadback:
+
+def read_step(verdict: BatchVerdict, depths: torch.Tensor | None = None) -> StepReadback:
     """Start the step's one device-to-host transfer (the function a test counts)."""
-    return StepReadback(verdict)
+    return StepReadback(verdict, depths)
 
 
 __all__ = ["BatchVerdict", "StepReadback", "read_step", "verify_batch_greedy"]
