@@ -17,6 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from speed_7b import MEDUSA_PROFILE, sync  # noqa: E402
 from specbench.atomic_write import write_text_atomic  # noqa: E402
+from specbench.checkpoints.tiny import tiny_llama  # noqa: E402
 from specbench.engine.batched_decode import BatchedDecoder  # noqa: E402
 from specbench.engine.batched_proposers import BatchedProposer  # noqa: E402
 from specbench.engine.batched_target import BatchedStaticTarget  # noqa: E402
@@ -73,15 +74,7 @@ class ScriptedBatch(BatchedProposer):
 
 def tiny_target(device: torch.device) -> StaticTarget:
     """A seeded random Llama small enough for the CPU (fp32), for the smoke test."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    config = LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                         num_key_value_heads=2, max_position_embeddings=512, initializer_range=0.2, bos_token_id=None,
-                         eos_token_id=None, pad_token_id=None)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
-        model = LlamaForCausalLM(config).eval().to(device)
-    return StaticTarget.from_hf_model(model)
+    return StaticTarget.from_hf_model(tiny_llama(seed=0, max_context=512).to(device))
 
 
 def _finite(x):

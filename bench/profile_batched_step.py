@@ -29,6 +29,7 @@ from specbench.engine import batched_decode  # noqa: E402
 from specbench.engine.batched_decode import BatchedDecoder  # noqa: E402
 from specbench.engine.batched_target import BatchedStaticTarget  # noqa: E402
 from specbench.engine.decode import GenerationConfig  # noqa: E402
+from specbench.checkpoints.tiny import tiny_llama  # noqa: E402
 from specbench.engine.static_target import StaticTarget  # noqa: E402
 from specbench.medusa.heads import MedusaHeads, MedusaHeadsConfig  # noqa: E402
 from specbench.proposers.batched import for_batch  # noqa: E402
@@ -71,13 +72,7 @@ def instrument(clock: PhaseClock, decoder: BatchedDecoder) -> list:
 
 
 def tiny_target(hidden: int, vocab: int, device: str) -> StaticTarget:
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    config = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                         initializer_range=0.2, bos_token_id=None, eos_token_id=None, pad_token_id=None)
-    torch.manual_seed(0)
-    return StaticTarget.from_hf_model(LlamaForCausalLM(config).eval().to(device))
+    return StaticTarget.from_hf_model(tiny_llama(seed=0, vocab_size=vocab, hidden_size=hidden, max_context=512).to(device))
 
 
 def tiny_heads(hidden: int, vocab: int, device: str) -> MedusaHeads:
