@@ -83,29 +83,36 @@ def test_checkpoint_round_trip(tmp_path, fmt, with_embed, bias, rope):
     torch.testing.assert_close(from_scratch(loaded, embeds, features), from_scratch(head, embeds, features), atol=0, rtol=0)
 
 
-def _rewrite(directory, edit) -> None:
+def rewrite_weights(directory, edit) -> None:
     """Apply ``edit`` to the state dict in pytorch_model.bin (written by the test, read back weights_only)."""
     state = torch.load(directory / "pytorch_model.bin", weights_only=True)
     edit(state)
     torch.save(state, directory / "pytorch_model.bin")
 
 
-def _put(key: str, tensor: torch.Tensor):
+def put(key: str, tensor: torch.Tensor):
     return lambda state: state.update({key: tensor})
 
 
-def _poison(key: str):
+def assert_refused(error: type[Exception], load, directory, file: str, message: str, **sizes) -> None:
+    """Loading ``directory`` (test target, or ``sizes``) raises ``error`` naming its ``file`` and ``message``."""
+    with pytest.raises(error) as refusal:
+        load(directory, **{"target_hidden_size": HIDDEN, "target_vocab_size": VOCAB, **sizes})
+    assert str(directory / file) in str(refusal.value) and message in str(refusal.value), str(refusal.value)
+
+
+def poison(key: str):
     return lambda state: state[key].view(-1).__setitem__(0, math.nan)
 
 
 MALFORMED = {  # variant -> (edit of the state dict, what the message must say besides the file)
     "missing-key": (lambda state: state.pop("layers.0.mlp.up_proj.weight"), "'layers.0.mlp.up_proj.weight' is missing"),
-    "unexpected-key": (_put("layers.0.extra.weight", torch.zeros(3)), "unexpected key 'layers.0.extra.weight'"),
-    "wrong-shape": (_put("fc.weight", torch.zeros(HIDDEN, HIDDEN)), "'fc.weight' has shape (64, 64), expected (64, 128)"),
-    "input-layernorm": (_put("layers.0.input_layernorm.weight", torch.ones(HIDDEN)), "not an EAGLE-1/2 layout"),
-    "eagle3-key": (_put("midlayer.hidden_norm.weight", torch.ones(HIDDEN)), "EAGLE-3"),
-    "nan": (_poison("layers.0.mlp.down_proj.weight"), "'layers.0.mlp.down_proj.weight' holds 1 non-finite"),
-    "embed-vocab": (_put("embed_tokens.weight", torch.zeros(VOCAB // 2, HIDDEN)), "does not fit the target's 256"),
+    "unexpected-key": (put("layers.0.extra.weight", torch.zeros(3)), "unexpected key 'layers.0.extra.weight'"),
+    "wrong-shape": (put("fc.weight", torch.zeros(HIDDEN, HIDDEN)), "'fc.weight' has shape (64, 64), expected (64, 128)"),
+    "input-layernorm": (put("layers.0.input_layernorm.weight", torch.ones(HIDDEN)), "not an EAGLE-1/2 layout"),
+    "eagle3-key": (put("midlayer.hidden_norm.weight", torch.ones(HIDDEN)), "EAGLE-3"),
+    "nan": (poison("layers.0.mlp.down_proj.weight"), "'layers.0.mlp.down_proj.weight' holds 1 non-finite"),
+    "embed-vocab": (put("embed_tokens.weight", torch.zeros(VOCAB // 2, HIDDEN)), "does not fit the target's 256"),
 }
 
 
@@ -113,32 +120,18 @@ MALFORMED = {  # variant -> (edit of the state dict, what the message must say b
 def test_malformed_weights_name_file_and_key(tmp_path, variant):
     edit, message = MALFORMED[variant]
     out = save_eagle_head(tmp_path / "head", random_head())
-    _rewrite(out, edit)
-    with pytest.raises(EagleCheckpointError) as error:
-        load_eagle_head(out, target_hidden_size=HIDDEN, target_vocab_size=VOCAB)
-    assert str(out / "pytorch_model.bin") in str(error.value) and message in str(error.value), str(error.value)
-
-
-@pytest.mark.parametrize(("hidden", "vocab", "message"), [
-    (2 * HIDDEN, VOCAB, f"hidden_size = {HIDDEN}, but the target's is {2 * HIDDEN}"),
-    (HIDDEN, 2 * VOCAB, f"vocab_size = {VOCAB}, but the target's is {2 * VOCAB}"),
-])
-def test_target_size_mismatch_names_both_sizes(tmp_path, hidden, vocab, message):
-    out = save_eagle_head(tmp_path / "head", random_head())
-    with pytest.raises(ValueError, match="config.json") as error:
-        load_eagle_head(out, target_hidden_size=hidden, target_vocab_size=vocab)
-    assert message in str(error.value)
+    rewrite_weights(out, edit)
+    assert_refused(EagleCheckpointError, load_eagle_head, out, "pytorch_model.bin", message)
 
 
 def test_bias_flag_must_agree_with_the_weights(tmp_path):
     out = save_eagle_head(tmp_path / "head", random_head(bias=False))
-    _rewrite(out, lambda s: s.update({"fc.bias": torch.zeros(HIDDEN)}))
-    with pytest.raises(EagleCheckpointError, match="says \"bias\": false, yet the file holds an fc bias"):
-        load_eagle_head(out, target_hidden_size=HIDDEN, target_vocab_size=VOCAB)
+    rewrite_weights(out, put("fc.bias", torch.zeros(HIDDEN)))
+    assert_refused(EagleCheckpointError, load_eagle_head, out, "pytorch_model.bin",
+                   'says "bias": false, yet the file holds an fc bias')
     config = json.loads((out / "config.json").read_text())
     (out / "config.json").write_text(json.dumps({**config, "num_hidden_layers": 2}))
-    with pytest.raises(EagleCheckpointError, match="num_hidden_layers = 2"):
-        load_eagle_head(out, target_hidden_size=HIDDEN, target_vocab_size=VOCAB)
+    assert_refused(EagleCheckpointError, load_eagle_head, out, "config.json", "num_hidden_layers = 2")
 
 
 # ---------------------------------------------------------------- the draft head's forward
@@ -294,24 +287,28 @@ def test_every_draft_token_follows_from_scratch_forwards_along_its_path(mode):
 # ---------------------------------------------------------------- lossless decoding
 
 
+def decode_losslessly(model, target, proposer, prompts: list[torch.Tensor] | None = None) -> list:
+    """``proposer``'s decode results on ``target`` for ``prompts`` (None: a random and a repetitive one), each checked
+    token for token against plain greedy decoding of ``model`` on the eager engine."""
+    prompts = prompts or [random_prompt(12, 1), repetitive_prompt(4)]
+    plain = HFTarget(model)
+    truths = [Decoder(plain, None, GenerationConfig(max_new_tokens=MAX_NEW)).generate(p).output_token_ids for p in prompts]
+    decoder = Decoder(target, proposer, GenerationConfig(max_new_tokens=MAX_NEW))
+    results = [decoder.generate(p) for p in prompts]
+    assert [r.output_token_ids for r in results] == truths
+    return results
+
+
 @pytest.mark.parametrize("engine", ["eager", "static"])
 @pytest.mark.parametrize("mode", sorted(MODES))
 def test_greedy_eagle_matches_plain_decoding(engine, mode):
     model = build("llama")
-    prompts = [random_prompt(12, 1), repetitive_prompt(4)]
-    plain = HFTarget(model)
-    truths = [Decoder(plain, None, GenerationConfig(max_new_tokens=MAX_NEW)).generate(p).output_token_ids for p in prompts]
     target = HFTarget(model) if engine == "eager" else StaticTarget.from_hf_model(model)
     head = random_head(with_embed=mode != "chain")  # the chain drafts through the target's embedding
     proposer = create_proposer("eagle", target, head=head, **MODES[mode])
-    decoder = Decoder(target, proposer, GenerationConfig(max_new_tokens=MAX_NEW))
-    drafts = 0
-    for prompt, truth in zip(prompts, truths):
-        result = decoder.generate(prompt)
-        assert result.output_token_ids == truth
-        drafts += result.counters.num_drafts
-        assert result.counters.num_draft_tokens <= result.counters.num_drafts * proposer.max_draft_tokens
-    assert drafts > 0
+    counters = [result.counters for result in decode_losslessly(model, target, proposer)]
+    assert all(c.num_draft_tokens <= c.num_drafts * proposer.max_draft_tokens for c in counters)
+    assert sum(c.num_drafts for c in counters) > 0
     if engine == "static":  # one verify width per step kind: every tree padded to its reserved width
         assert all(len(widths) == 1 for widths in target.verify_widths.values()), target.verify_widths
         kind = "chain" if mode == "chain" else "tree"
@@ -328,9 +325,7 @@ def test_published_tree_from_a_checkpoint_path_is_lossless(tmp_path):
     path = save_eagle_head(tmp_path / "head", random_head(seed=3), format="safetensors")
     proposer = create_proposer("eagle", target, path=str(path), tree="mc_sim_7b_63")
     assert proposer.max_draft_tokens == 63 and proposer.describe()["tree"] == "mc_sim_7b_63"
-    prompt = random_prompt(12, 2)
-    truth = Decoder(HFTarget(model), None, GenerationConfig(max_new_tokens=MAX_NEW)).generate(prompt).output_token_ids
-    assert Decoder(target, proposer, GenerationConfig(max_new_tokens=MAX_NEW)).generate(prompt).output_token_ids == truth
+    decode_losslessly(model, target, proposer, [random_prompt(12, 2)])
     assert set(target.verify_widths["tree"]) == {64}
 
 

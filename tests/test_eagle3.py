@@ -1,6 +1,6 @@
 """EAGLE-3: the published checkpoint layout loads (with and without d2t/t2d) and every malformed variant names its
-file and key; greedy decoding with random heads is lossless on both targets; d2t maps draft ids to target ids
-(docs/eagle.md#eagle-3)."""
+file and key (either loader's too, for a head of another target's sizes); greedy decoding with random heads is
+lossless on both targets; d2t maps draft ids to target ids (docs/eagle.md#eagle-3)."""
 
 from __future__ import annotations
 
@@ -13,18 +13,18 @@ from torch import nn
 from transformers import LlamaConfig, LlamaForCausalLM
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
 
+from specbench.eagle.checkpoint import EagleCheckpointError, load_eagle_head, save_eagle_head
 from specbench.eagle.checkpoint3 import Eagle3CheckpointError, expected_shapes3, load_eagle3_head, save_eagle3_head
 from specbench.eagle.eagle3 import Eagle3Config, Eagle3Head, eagle3_aux_layers
-from specbench.engine.decode import Decoder, GenerationConfig
 from specbench.engine.hf_target import HFTarget
 from specbench.engine.proposer import ProposerState
 from specbench.engine.static_target import StaticTarget
 from specbench.proposers import create_proposer
 from specbench.proposers.eagle3 import Eagle3Proposer
-from _prompts import random_prompt, repetitive_prompt
+from _prompts import random_prompt
+from test_eagle import assert_refused, decode_losslessly, poison, put, random_head, rewrite_weights
 from test_static_target import COMMON, HIDDEN, VOCAB, build
 
-MAX_NEW = 24
 MODES = {"chain": dict(num_speculative_tokens=3), "dynamic-tree": dict(top_k=3, depth=4, total_tokens=12)}
 DRAFT_VOCAB = 96
 
@@ -146,34 +146,23 @@ def test_checkpoint_layout_loads(tmp_path, fmt, draft_vocab, with_map):
                                head(embeds, features, positions, head.new_cache()), atol=0, rtol=0)
 
 
-def _rewrite(directory, edit) -> None:
-    state = torch.load(directory / "pytorch_model.bin", weights_only=True)
-    edit(state)
-    torch.save(state, directory / "pytorch_model.bin")
-
-
-def _put(key: str, tensor: torch.Tensor):
-    return lambda state: state.update({key: tensor})
-
-
-def _shift_d2t(state) -> None:
+def shift_d2t(state) -> None:
     state["d2t"][-1] += VOCAB  # the last draft id now maps beyond the target's vocabulary
 
 
 MALFORMED = {  # variant -> (edit, what the message must say besides the file)
     "missing-key": (lambda s: s.pop("midlayer.hidden_norm.weight"), "'midlayer.hidden_norm.weight' is missing"),
-    "unexpected-key": (_put("midlayer.extra.weight", torch.zeros(3)), "unexpected key 'midlayer.extra.weight'"),
-    "own-embedding": (_put("embed_tokens.weight", torch.zeros(VOCAB, HIDDEN)), "unexpected key 'embed_tokens.weight'"),
-    "fc-2h": (_put("fc.weight", torch.zeros(HIDDEN, 2 * HIDDEN)), "'fc.weight' has shape (64, 128), expected (64, 192)"),
-    "q-proj-h": (_put("midlayer.self_attn.q_proj.weight", torch.zeros(64, HIDDEN)),
+    "unexpected-key": (put("midlayer.extra.weight", torch.zeros(3)), "unexpected key 'midlayer.extra.weight'"),
+    "own-embedding": (put("embed_tokens.weight", torch.zeros(VOCAB, HIDDEN)), "unexpected key 'embed_tokens.weight'"),
+    "fc-2h": (put("fc.weight", torch.zeros(HIDDEN, 2 * HIDDEN)), "'fc.weight' has shape (64, 128), expected (64, 192)"),
+    "q-proj-h": (put("midlayer.self_attn.q_proj.weight", torch.zeros(64, HIDDEN)),
                  "'midlayer.self_attn.q_proj.weight' has shape (64, 64), expected (64, 128)"),
-    "lm-head-vocab": (_put("lm_head.weight", torch.zeros(VOCAB, HIDDEN)), "'lm_head.weight' has shape (256, 64), expected (96, 64)"),
-    "d2t-out-of-range": (_shift_d2t, "key 'd2t' maps draft id 95 to target id"),
+    "lm-head-vocab": (put("lm_head.weight", torch.zeros(VOCAB, HIDDEN)), "'lm_head.weight' has shape (256, 64), expected (96, 64)"),
+    "d2t-out-of-range": (shift_d2t, "key 'd2t' maps draft id 95 to target id"),
     "d2t-dtype": (lambda s: s.update(d2t=s["d2t"].int()), "key 'd2t' holds a torch.int32 tensor"),
     "d2t-missing": (lambda s: (s.pop("d2t"), s.pop("t2d")), "key 'd2t' is missing"),
     "t2d-disagrees": (lambda s: s["t2d"].__setitem__(s["t2d"].nonzero()[0], False), "key 't2d' marks 95 target ids"),
-    "nan": (lambda s: s["midlayer.mlp.down_proj.weight"].view(-1).__setitem__(0, math.nan),
-            "'midlayer.mlp.down_proj.weight' holds 1 non-finite"),
+    "nan": (poison("midlayer.mlp.down_proj.weight"), "'midlayer.mlp.down_proj.weight' holds 1 non-finite"),
     "inf-norm": (lambda s: s["norm.weight"].__setitem__(3, math.inf), "'norm.weight' holds 1 non-finite"),
 }
 
@@ -182,21 +171,26 @@ MALFORMED = {  # variant -> (edit, what the message must say besides the file)
 def test_malformed_weights_name_file_and_key(tmp_path, variant):
     edit, message = MALFORMED[variant]
     out = save_eagle3_head(tmp_path / "head", random_head3(draft_vocab=DRAFT_VOCAB))
-    _rewrite(out, edit)
-    with pytest.raises(Eagle3CheckpointError) as error:
-        load_eagle3_head(out, target_hidden_size=HIDDEN, target_vocab_size=VOCAB)
-    assert str(out / "pytorch_model.bin") in str(error.value) and message in str(error.value), str(error.value)
+    rewrite_weights(out, edit)
+    assert_refused(Eagle3CheckpointError, load_eagle3_head, out, "pytorch_model.bin", message)
 
 
+HEADS = {  # kind -> (a random head, its writer, its loader, the loader's one refusal class)
+    "eagle": (random_head, save_eagle_head, load_eagle_head, EagleCheckpointError),
+    "eagle3": (random_head3, save_eagle3_head, load_eagle3_head, Eagle3CheckpointError),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(HEADS))
 @pytest.mark.parametrize(("hidden", "vocab", "message"), [
     (2 * HIDDEN, VOCAB, f"hidden_size = {HIDDEN}, but the target's is {2 * HIDDEN}"),
     (HIDDEN, 2 * VOCAB, f"vocab_size = {VOCAB}, but the target's is {2 * VOCAB}"),
 ])
-def test_target_size_mismatch_names_both_sizes(tmp_path, hidden, vocab, message):
-    out = save_eagle3_head(tmp_path / "head", random_head3())
-    with pytest.raises(Eagle3CheckpointError) as error:
-        load_eagle3_head(out, target_hidden_size=hidden, target_vocab_size=vocab)
-    assert str(out / "config.json") in str(error.value) and message in str(error.value)
+def test_target_size_mismatch_names_both_sizes(tmp_path, kind, hidden, vocab, message):
+    """Either loader refuses a head trained for another target, naming its config.json and both sizes."""
+    make, save, load, error = HEADS[kind]
+    out = save(tmp_path / "head", make())
+    assert_refused(error, load, out, "config.json", message, target_hidden_size=hidden, target_vocab_size=vocab)
 
 
 def test_config_errors_name_the_field(tmp_path):
@@ -212,8 +206,6 @@ def test_config_errors_name_the_field(tmp_path):
 
 
 def test_an_eagle1_loader_refuses_eagle3_and_back(tmp_path):
-    from specbench.eagle.checkpoint import EagleCheckpointError, load_eagle_head
-
     out = save_eagle3_head(tmp_path / "head", random_head3())
     with pytest.raises(EagleCheckpointError, match="EAGLE-3"):
         load_eagle_head(out, target_hidden_size=HIDDEN, target_vocab_size=VOCAB)
@@ -226,9 +218,6 @@ def test_an_eagle1_loader_refuses_eagle3_and_back(tmp_path):
 @pytest.mark.parametrize("mode", sorted(MODES))
 def test_greedy_eagle3_matches_plain_decoding(tmp_path, engine, mode):
     model = deep_llama()
-    prompts = [random_prompt(12, 1), repetitive_prompt(4)]
-    plain = HFTarget(model)
-    truths = [Decoder(plain, None, GenerationConfig(max_new_tokens=MAX_NEW)).generate(p).output_token_ids for p in prompts]
     target = HFTarget(model) if engine == "eager" else StaticTarget.from_hf_model(model)
     if mode == "chain":  # through a checkpoint path, with a draft vocabulary smaller than the target's
         path = save_eagle3_head(tmp_path / "head", random_head3(draft_vocab=DRAFT_VOCAB), format="safetensors")
@@ -236,13 +225,7 @@ def test_greedy_eagle3_matches_plain_decoding(tmp_path, engine, mode):
     else:
         proposer = create_proposer("eagle3", target, head=random_head3(), **MODES[mode])
     assert isinstance(proposer, Eagle3Proposer) and target.aux_layers == (2, 2, 1)
-    decoder = Decoder(target, proposer, GenerationConfig(max_new_tokens=MAX_NEW))
-    drafts = 0
-    for prompt, truth in zip(prompts, truths):
-        result = decoder.generate(prompt)
-        assert result.output_token_ids == truth
-        drafts += result.counters.num_drafts
-    assert drafts > 0
+    assert sum(result.counters.num_drafts for result in decode_losslessly(model, target, proposer)) > 0
 
 
 def test_two_layer_target_and_first_step_reads_fc_of_aux_features():

@@ -18,12 +18,11 @@ from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply
 
 from specbench.eagle.checkpoint3 import Eagle3CheckpointError, load_eagle3_head, save_eagle3_head
 from specbench.eagle.eagle3 import Eagle3Head
-from specbench.engine.decode import Decoder, GenerationConfig
 from specbench.engine.hf_target import HFTarget
 from specbench.engine.static_target import StaticTarget
 from specbench.proposers import create_proposer
-from _prompts import random_prompt, repetitive_prompt
-from test_eagle3 import DRAFT_VOCAB, MAX_NEW, MODES, deep_llama, random_head3
+from test_eagle import assert_refused, decode_losslessly, put
+from test_eagle3 import DRAFT_VOCAB, MODES, deep_llama, random_head3, shift_d2t
 from test_static_target import HIDDEN, VOCAB
 
 LAYER = ["input_layernorm.weight", "hidden_norm.weight", "self_attn.q_proj.weight", "self_attn.k_proj.weight",
@@ -194,9 +193,6 @@ def test_writer_produces_the_hand_built_layout(tmp_path):
 @pytest.mark.parametrize("mode", sorted(MODES))
 def test_greedy_decoding_through_a_speculators_checkpoint_is_lossless(tmp_path, engine, mode):
     model = deep_llama()
-    prompts = [random_prompt(12, 1), repetitive_prompt(4)]
-    plain = HFTarget(model)
-    truths = [Decoder(plain, None, GenerationConfig(max_new_tokens=MAX_NEW)).generate(p).output_token_ids for p in prompts]
     head = flagged(random_head3(draft_vocab=DRAFT_VOCAB), True)
     target_embed = model.get_input_embeddings().weight
     # the target's own embedding (as speculators ships it): the same drafts as the SafeAILab head
@@ -206,9 +202,7 @@ def test_greedy_decoding_through_a_speculators_checkpoint_is_lossless(tmp_path, 
     for path in (spec_path, safe_path):
         target = HFTarget(model) if engine == "eager" else StaticTarget.from_hf_model(model)
         proposer = create_proposer("eagle3", target, path=str(path), **MODES[mode])
-        decoder = Decoder(target, proposer, GenerationConfig(max_new_tokens=MAX_NEW))
-        results = [decoder.generate(p) for p in prompts]
-        assert [r.output_token_ids for r in results] == truths
+        results = decode_losslessly(model, target, proposer)
         counters.append([(r.counters.num_drafts, r.counters.num_accepted_tokens) for r in results])
     assert counters[0] == counters[1] and sum(n for n, _ in counters[0]) > 0
     # an embedding of its own, unlike the target's: the proposer embeds with it, still losslessly
@@ -217,37 +211,28 @@ def test_greedy_decoding_through_a_speculators_checkpoint_is_lossless(tmp_path, 
     target = HFTarget(model) if engine == "eager" else StaticTarget.from_hf_model(model)
     proposer = create_proposer("eagle3", target, path=str(own), **MODES[mode])
     assert proposer.embedding is proposer.head.embed_tokens
-    decoder = Decoder(target, proposer, GenerationConfig(max_new_tokens=MAX_NEW))
-    assert [decoder.generate(p).output_token_ids for p in prompts] == truths
+    decode_losslessly(model, target, proposer)
 
 
 # ---------------------------------------------------------------- refusals
 
 
-def _put(key, tensor):
-    return lambda state: state.update({key: tensor})
-
-
-def _d2t_out_of_range(state):
-    state["d2t"][-1] += VOCAB
-
-
 WEIGHT_VARIANTS = {  # variant -> (edit of the safetensors state, what the message must say besides the file)
     "missing-key": (lambda s: s.pop("layers.0.hidden_norm.weight"), "key 'layers.0.hidden_norm.weight' is missing"),
-    "second-layer": (_put("layers.1.mlp.up_proj.weight", torch.zeros(128, HIDDEN)),
+    "second-layer": (put("layers.1.mlp.up_proj.weight", torch.zeros(128, HIDDEN)),
                      "unexpected key 'layers.1.mlp.up_proj.weight'; a second decoder layer"),
-    "mixed-names": (_put("midlayer.hidden_norm.weight", torch.ones(HIDDEN)),
+    "mixed-names": (put("midlayer.hidden_norm.weight", torch.ones(HIDDEN)),
                     "unexpected key 'midlayer.hidden_norm.weight'; the speculators layout names the layer layers.0.*"),
-    "parallel-drafting": (_put("mask_hidden", torch.zeros(1, 3 * HIDDEN)), "unexpected key 'mask_hidden'; a parallel-drafting"),
-    "norm-before-fc": (_put("input_norm.weight", torch.ones(3 * HIDDEN)), "unexpected key 'input_norm.weight'; a norm before fc"),
-    "verifier-head": (_put("verifier_lm_head.weight", torch.zeros(DRAFT_VOCAB, HIDDEN)), "unexpected key 'verifier_lm_head.weight'"),
-    "embed-vocab": (_put("embed_tokens.weight", torch.zeros(128, HIDDEN)),
+    "parallel-drafting": (put("mask_hidden", torch.zeros(1, 3 * HIDDEN)), "unexpected key 'mask_hidden'; a parallel-drafting"),
+    "norm-before-fc": (put("input_norm.weight", torch.ones(3 * HIDDEN)), "unexpected key 'input_norm.weight'; a norm before fc"),
+    "verifier-head": (put("verifier_lm_head.weight", torch.zeros(DRAFT_VOCAB, HIDDEN)), "unexpected key 'verifier_lm_head.weight'"),
+    "embed-vocab": (put("embed_tokens.weight", torch.zeros(128, HIDDEN)),
                     "'embed_tokens.weight' has shape (128, 64), expected (256, 64)"),
-    "q-proj-h": (_put("layers.0.self_attn.q_proj.weight", torch.zeros(64, HIDDEN)),
+    "q-proj-h": (put("layers.0.self_attn.q_proj.weight", torch.zeros(64, HIDDEN)),
                  "'layers.0.self_attn.q_proj.weight' has shape (64, 64), expected (64, 128)"),
-    "embed-int": (_put("embed_tokens.weight", torch.zeros(VOCAB, HIDDEN, dtype=torch.int32)),
+    "embed-int": (put("embed_tokens.weight", torch.zeros(VOCAB, HIDDEN, dtype=torch.int32)),
                   "key 'embed_tokens.weight' holds a torch.int32 tensor"),
-    "d2t-out-of-range": (_d2t_out_of_range, "key 'd2t' maps draft id 95 to target id"),
+    "d2t-out-of-range": (shift_d2t, "key 'd2t' maps draft id 95 to target id"),
     "t2d-dtype": (lambda s: s.update(t2d=s["t2d"].to(torch.uint8)), "key 't2d' holds a torch.uint8 tensor"),
     "d2t-missing": (lambda s: (s.pop("d2t"), s.pop("t2d")), "key 'd2t' is missing"),
     "nan-embed": (lambda s: s["embed_tokens.weight"].view(-1).__setitem__(7, math.nan), "'embed_tokens.weight' holds 1 non-finite"),
@@ -263,9 +248,7 @@ def test_malformed_weights_name_file_and_key(tmp_path, variant):
     state = speculators_state(head, embed=torch.zeros(VOCAB, HIDDEN))
     edit(state)
     directory = write(tmp_path / "spec", speculators_config(DRAFT_VOCAB), state)
-    with pytest.raises(Eagle3CheckpointError) as error:
-        load(directory)
-    assert str(directory / WEIGHTS) in str(error.value) and message in str(error.value), str(error.value)
+    assert_refused(Eagle3CheckpointError, load_eagle3_head, directory, WEIGHTS, message)
 
 
 def _layer(**fields):
@@ -303,9 +286,7 @@ def test_malformed_or_unsupported_config_names_the_field(tmp_path, variant):
     config = speculators_config(DRAFT_VOCAB)
     edit(config)
     directory = write(tmp_path / "spec", config, speculators_state(random_head3(draft_vocab=DRAFT_VOCAB)))
-    with pytest.raises(Eagle3CheckpointError) as error:
-        load(directory)
-    assert str(directory / "config.json") in str(error.value) and message in str(error.value), str(error.value)
+    assert_refused(Eagle3CheckpointError, load_eagle3_head, directory, "config.json", message)
 
 
 def test_aux_layers_are_checked_against_the_target(tmp_path):

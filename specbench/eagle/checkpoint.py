@@ -10,7 +10,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any, Iterator, Literal
+from typing import Any, Callable, Iterator, Literal, TypeVar
 
 import torch
 from safetensors.torch import save_file
@@ -28,6 +28,9 @@ INPUT_NORM_KEY = "layers.0.input_layernorm.weight"
 # keys only an EAGLE-3 draft (cnets.py) has
 EAGLE3_PREFIXES = ("midlayer.", "d2t", "t2d", "norm.weight", "lm_head.weight")
 _REDO = "re-download the draft head or re-export it"
+_CORRUPT = "the head is corrupt or diverged in training: re-download it, or re-train and re-export it"
+Head = TypeVar("Head", bound=EagleHead)
+Loaded = TypeVar("Loaded")
 
 
 class EagleCheckpointError(CheckpointError):
@@ -176,9 +179,7 @@ def _check_shapes(weights_file: Path, config_file: Path, tensors: dict[str, Any]
     expected = {**expected_shapes(config), EMBED_KEY: (config.vocab_size, config.hidden_size)}
     for key in sorted(tensors):
         tensor = tensors[key]
-        if not isinstance(tensor, torch.Tensor) or not tensor.is_floating_point():
-            what = f"a {tensor.dtype} tensor" if isinstance(tensor, torch.Tensor) else f"a {type(tensor).__name__}"
-            raise EagleCheckpointError(f"{weights_file}: key {key!r} holds {what}, expected a floating-point tensor; {_REDO}")
+        check_floating(weights_file, key, tensor, EagleCheckpointError, _REDO)
         if tuple(tensor.shape) != expected[key]:
             hint = ""
             if key == "fc.weight" and tensor.dim() == 2 and tensor.shape[1] == 3 * tensor.shape[0]:
@@ -191,6 +192,13 @@ def _check_shapes(weights_file: Path, config_file: Path, tensors: dict[str, Any]
                 f"{config.num_attention_heads} heads, {config.num_key_value_heads} key/value heads){hint}; "
                 f"is config.json the head's own? {_REDO}"
             )
+
+
+def check_floating(weights_file: Path, key: str, tensor: Any, error: type[EagleCheckpointError], redo: str) -> None:
+    """Refuse a value under ``key`` that is not a floating-point tensor (``error``, ending in ``redo``)."""
+    if not isinstance(tensor, torch.Tensor) or not tensor.is_floating_point():
+        what = f"a {tensor.dtype} tensor" if isinstance(tensor, torch.Tensor) else f"a {type(tensor).__name__}"
+        raise error(f"{weights_file}: key {key!r} holds {what}, expected a floating-point tensor; {redo}")
 
 
 # ---------------------------------------------------------------- loading
@@ -218,12 +226,18 @@ def load_eagle_head(
     """An EagleHead (prepared, eval, no grad) from a draft-head directory or hub id, checked against the target's
     hidden and vocabulary sizes; ``dtype`` casts every tensor (None: ``fc.weight``'s dtype)."""
     directory = resolve_model_dir(ref, allow_download=allow_download)
+    return refusing_as(EagleCheckpointError, _load, directory, target_hidden_size, target_vocab_size, dtype, device)
+
+
+def refusing_as(error: type[EagleCheckpointError], load: Callable[..., Loaded], *args) -> Loaded:
+    """``load(*args)``, with the shared readers' CheckpointErrors (unreadable file, NaN) and those of any other
+    EAGLE reader raised again as ``error``: one class for every refusal of a loader."""
     try:
-        return _load(directory, target_hidden_size, target_vocab_size, dtype, device)
-    except EagleCheckpointError:
+        return load(*args)
+    except error:
         raise
-    except CheckpointError as error:  # the shared readers' (unreadable file, NaN): one class for every refusal here
-        raise EagleCheckpointError(str(error)) from None
+    except CheckpointError as refusal:
+        raise error(str(refusal)) from None
 
 
 def check_target_fit(config_file: Path, config, hidden_size: int, vocab_size: int, error, head: str, published: str) -> None:
@@ -246,17 +260,28 @@ def _load(directory: Path, target_hidden_size: int, target_vocab_size: int, dtyp
     _check_keys(weights_file, config_file, keys, config)
     tensors = read(sorted(keys))
     _check_shapes(weights_file, config_file, tensors, config)
-    check_finite(((key, tensors[key]) for key in sorted(tensors)), str(weights_file), "key",
-                 "the head is corrupt or diverged in training: re-download it, or re-train and re-export it")
+    cast = cast_finite(weights_file, tensors, sorted(tensors), dtype, device)
+    return assign_weights(lambda: EagleHead(config, with_embed=EMBED_KEY in cast), cast)
+
+
+def cast_finite(weights_file: Path, tensors: dict[str, torch.Tensor], keys: list[str], dtype: torch.dtype | None,
+                device) -> dict[str, torch.Tensor]:
+    """``tensors``' ``keys`` in ``dtype`` (None: ``fc.weight``'s) on ``device``, each refused, by key, where a value
+    is not finite in the file or became inf on the cast."""
+    check_finite(((key, tensors[key]) for key in keys), str(weights_file), "key", _CORRUPT)
     dtype = tensors["fc.weight"].dtype if dtype is None else dtype
-    cast = {key: tensor.to(device=device, dtype=dtype) for key, tensor in tensors.items()}
-    if any(t.dtype != dtype for t in tensors.values()):
-        # the file's values are finite (checked above), but a narrower dtype can overflow
-        check_finite(((key, cast[key]) for key in sorted(cast)), str(weights_file), "key",
+    cast = {key: tensors[key].to(device=device, dtype=dtype) for key in keys}
+    if any(tensors[key].dtype != dtype for key in keys):  # finite in the file; a narrower dtype can overflow
+        check_finite(((key, cast[key]) for key in keys), str(weights_file), "key",
                      f"values beyond {dtype}'s range became inf on the cast: load the head in bfloat16 or float32")
+    return cast
+
+
+def assign_weights(build: Callable[[], Head], state: dict[str, torch.Tensor]) -> Head:
+    """The head ``build`` makes, on the meta device, holding ``state``'s tensors themselves, prepared."""
     with torch.device("meta"):  # the real tensors are assigned, not copied into random ones
-        head = EagleHead(config, with_embed=EMBED_KEY in cast)
-    head.load_state_dict(cast, strict=True, assign=True)
+        head = build()
+    head.load_state_dict(state, strict=True, assign=True)
     return head.prepare()
 
 
@@ -298,6 +323,13 @@ def save_eagle_head(
     # clone: fused q/k/v and gate/up are views of one tensor, and safetensors refuses shared storage
     tensors = {key: state[key].detach().to("cpu").contiguous().clone() for key in sorted(expected)}
     config = {**head.config.to_json(), "torch_dtype": str(tensors["fc.weight"].dtype).removeprefix("torch.")}
+    return write_head_directory(out_dir, config, tensors, format)
+
+
+def write_head_directory(out_dir: str | os.PathLike, config: dict, tensors: dict[str, torch.Tensor],
+                         format: Literal["bin", "safetensors"]) -> Path:
+    """``out_dir`` holding ``config`` as config.json and ``tensors`` as pytorch_model.bin (``format="bin"``) or
+    model.safetensors; atomic: written into a temporary sibling, then renamed."""
     out_dir = Path(out_dir)
     with _staged_directory(out_dir) as staging:
         (staging / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")

@@ -4,19 +4,18 @@ read strictly: every refusal is one Eagle3CheckpointError naming the file and th
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any, Literal
 
 import torch
-from safetensors.torch import save_file
 
 from specbench.checkpoints.resolve import resolve_model_dir
-from specbench.checkpoints.tensor_files import CheckpointError, open_tensor_file
-from specbench.checkpoints.validate import check_finite, read_json_object
-from specbench.eagle.checkpoint import (EagleCheckpointError, _find_weights_file, _staged_directory, check_target_fit,
-                                        config_field, read_eagle_config)
+from specbench.checkpoints.tensor_files import open_tensor_file
+from specbench.checkpoints.validate import read_json_object
+from specbench.eagle.checkpoint import (EagleCheckpointError, _find_weights_file, assign_weights, cast_finite,
+                                        check_floating, check_target_fit, config_field, read_eagle_config,
+                                        refusing_as, write_head_directory)
 from specbench.eagle.eagle3 import NUM_AUX_LAYERS, Eagle3Config, Eagle3Head, eagle3_aux_layers
 
 VOCAB_MAP_KEYS = ("d2t", "t2d")
@@ -135,9 +134,7 @@ def _check_tensors(weights_file: Path, config_file: Path, tensors: dict[str, Any
         expected["embed_tokens.weight"] = (config.vocab_size, config.hidden_size)
     for key in sorted(expected):
         tensor = tensors[key]
-        if not isinstance(tensor, torch.Tensor) or not tensor.is_floating_point():
-            what = f"a {tensor.dtype} tensor" if isinstance(tensor, torch.Tensor) else f"a {type(tensor).__name__}"
-            raise Eagle3CheckpointError(f"{weights_file}: key {key!r} holds {what}, expected a floating-point tensor; {_REDO}")
+        check_floating(weights_file, key, tensor, Eagle3CheckpointError, _REDO)
         if tuple(tensor.shape) != expected[key]:
             raise Eagle3CheckpointError(
                 f"{weights_file}: key {key!r} has shape {tuple(tensor.shape)}, expected {expected[key]} from {config_file} "
@@ -196,12 +193,9 @@ def load_eagle3_head(
     vocabulary sizes (and, given ``target_num_layers``, a speculators head's aux layers); ``dtype`` casts every
     float tensor (None: ``fc.weight``'s dtype)."""
     directory = resolve_model_dir(ref, allow_download=allow_download)
-    try:
-        return _load(directory, target_hidden_size, target_vocab_size, dtype, device, target_num_layers)
-    except Eagle3CheckpointError:
-        raise
-    except CheckpointError as error:  # EAGLE-1/2 config reader's and the shared readers': one class here
-        raise Eagle3CheckpointError(str(error)) from None
+    # the EAGLE-1/2 config reader's refusals and the shared readers' become Eagle3CheckpointErrors
+    return refusing_as(Eagle3CheckpointError, _load, directory, target_hidden_size, target_vocab_size, dtype, device,
+                       target_num_layers)
 
 
 def _load(directory: Path, target_hidden_size: int, target_vocab_size: int, dtype, device,
@@ -225,23 +219,15 @@ def _load(directory: Path, target_hidden_size: int, target_vocab_size: int, dtyp
     tensors = read(sorted(keys))
     _check_tensors(weights_file, config_file, tensors, config, layout)
     floats = sorted(expected_shapes3(config, layout)) + (["embed_tokens.weight"] if "embed_tokens.weight" in tensors else [])
-    fix = "the head is corrupt or diverged in training: re-download it, or re-train and re-export it"
-    check_finite(((key, tensors[key]) for key in floats), str(weights_file), "key", fix)
-    dtype = tensors["fc.weight"].dtype if dtype is None else dtype
-    cast = {key: tensors[key].to(device=device, dtype=dtype) for key in floats}
-    if any(tensors[key].dtype != dtype for key in floats):  # finite in the file; a narrower dtype can overflow
-        check_finite(((key, cast[key]) for key in floats), str(weights_file), "key",
-                     f"values beyond {dtype}'s range became inf on the cast: load the head in bfloat16 or float32")
+    cast = cast_finite(weights_file, tensors, floats, dtype, device)
     with_map = "d2t" in tensors
     if with_map:
         cast["d2t"] = tensors["d2t"].to(device)
         cast["t2d"] = tensors["t2d"].to(device) if "t2d" in tensors else _t2d(tensors["d2t"], config.vocab_size).to(device)
     if layout == "speculators":
         cast = {speculators.to_head_key(key): tensor for key, tensor in cast.items()}
-    with torch.device("meta"):  # the real tensors are assigned, not copied into random ones
-        head = Eagle3Head(config, with_vocab_map=with_map, with_embed="embed_tokens.weight" in cast)
-    head.load_state_dict(cast, strict=True, assign=True)
-    return head.prepare()
+    return assign_weights(lambda: Eagle3Head(config, with_vocab_map=with_map, with_embed="embed_tokens.weight" in cast),
+                          cast)
 
 
 def _t2d(d2t: torch.Tensor, vocab: int) -> torch.Tensor:
@@ -294,11 +280,4 @@ def save_eagle3_head(
         raw = speculators_config_json(config, dtype=dtype, aux_layers=aux, verifier=verifier)
     else:
         raw = {**config.to_json(), "torch_dtype": dtype}
-    out_dir = Path(out_dir)
-    with _staged_directory(out_dir) as staging:
-        (staging / "config.json").write_text(json.dumps(raw, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-        if format == "bin":
-            torch.save(tensors, staging / "pytorch_model.bin")
-        else:
-            save_file(tensors, staging / "model.safetensors", metadata={"format": "pt"})
-    return out_dir
+    return write_head_directory(out_dir, raw, tensors, format)

@@ -60,6 +60,7 @@ def target_captures_steps(target) -> bool:
 class EagleProposer(Proposer):
     name = "eagle"
     needs_hidden_states = True
+    head_label, head_type = "EAGLE", "EagleHead"  # how from_options' refusals name the head
 
     def __init__(
         self,
@@ -148,29 +149,60 @@ class EagleProposer(Proposer):
     ) -> "EagleProposer":
         """A head from ``head`` (a module) or ``path`` (a checkpoint reference), moved to the target's device and
         dtype; the target's lm_head scores its outputs and its embedding serves heads without embed_tokens.
-        ``cuda_graphs`` None captures the draft's forwards exactly when the target captures its steps."""
+        ``cuda_graphs`` None captures the draft's forwards exactly when the target captures its steps. A subclass
+        changes the head it reads and the proposer it builds through the hooks below (Eagle3Proposer's: the head's
+        own lm_head, the target asked for its aux-layer features)."""
         if (head is None) == (path is None):
-            raise ValueError(f"EAGLE needs exactly one of head (an EagleHead) or path (a checkpoint); got head="
-                             f"{type(head).__name__ if head is not None else None}, path={path!r}")
-        lm_head = getattr(target, "lm_head", None)
-        if lm_head is None:
-            raise ValueError(f"target {type(target).__name__} has no lm_head, which an EAGLE-1/2 head drafts through")
+            raise ValueError(f"{cls.head_label} needs exactly one of head (an {cls.head_type}) or path (a checkpoint); "
+                             f"got head={type(head).__name__ if head is not None else None}, path={path!r}")
+        head = cls._target_head(target, head, path).to(device=target.device, dtype=target.dtype)
+        cuda_graphs = target_captures_steps(target) if cuda_graphs is None else cuda_graphs
+        drafting = dict(num_speculative_tokens=num_speculative_tokens, tree=tree, top_k=top_k, depth=depth,
+                        total_tokens=total_tokens, cuda_graphs=cuda_graphs, graph_backend=graph_backend)
+        return cls._for_target(target, head, drafting)
+
+    # -- from_options' hooks: what differs between an EAGLE-1/2 head and an EAGLE-3 one -------------------
+
+    @classmethod
+    def _target_head(cls, target, head: EagleHead | None, path: str | None) -> EagleHead:
+        """``head`` checked against the target's hidden and vocabulary sizes, or the checkpoint at ``path`` loaded
+        for them."""
+        cls._check_target(target)
         hidden = target_hidden_size(target)
         if path is not None:
-            from specbench.eagle.checkpoint import load_eagle_head  # checkpoint formats load only when asked for
-
-            head = load_eagle_head(path, target_hidden_size=hidden, target_vocab_size=target.vocab_size,
-                                   dtype=target.dtype, device=target.device)
-        elif head.config.hidden_size != hidden or (head.embed_tokens is not None and head.config.vocab_size != target.vocab_size):
+            return cls._load_head(target, path, hidden)
+        if not cls._head_fits(head, target, hidden):
             raise ValueError(
-                f"the EAGLE head has hidden_size {head.config.hidden_size} and vocab_size {head.config.vocab_size}; the "
-                f"target has {hidden} and {target.vocab_size}"
+                f"the {cls.head_label} head has hidden_size {head.config.hidden_size} and vocab_size "
+                f"{head.config.vocab_size}; the target has {hidden} and {target.vocab_size}"
             )
-        head = head.to(device=target.device, dtype=target.dtype)
+        return head
+
+    @classmethod
+    def _check_target(cls, target) -> None:
+        """Refuse a target the head cannot draft for: an EAGLE-1/2 head scores through the target's lm_head."""
+        if getattr(target, "lm_head", None) is None:
+            raise ValueError(f"target {type(target).__name__} has no lm_head, which an EAGLE-1/2 head drafts through")
+
+    @classmethod
+    def _load_head(cls, target, path: str, hidden: int) -> EagleHead:
+        """The checkpoint at ``path``, checked against the target's sizes, in its dtype on its device."""
+        from specbench.eagle.checkpoint import load_eagle_head  # checkpoint formats load only when asked for
+
+        return load_eagle_head(path, target_hidden_size=hidden, target_vocab_size=target.vocab_size,
+                               dtype=target.dtype, device=target.device)
+
+    @classmethod
+    def _head_fits(cls, head: EagleHead, target, hidden: int) -> bool:
+        """The hidden size always; the vocabulary only where the head embeds with its own embed_tokens."""
+        vocab_fits = head.embed_tokens is None or head.config.vocab_size == target.vocab_size
+        return head.config.hidden_size == hidden and vocab_fits
+
+    @classmethod
+    def _for_target(cls, target, head: EagleHead, drafting: dict) -> "EagleProposer":
+        """The proposer for ``head`` (on the target's device) with ``drafting``, __init__'s keyword options."""
         embedding = None if head.embed_tokens is not None else target_input_embedding(target)
-        cuda_graphs = target_captures_steps(target) if cuda_graphs is None else cuda_graphs
-        return cls(head, lm_head, embedding, num_speculative_tokens=num_speculative_tokens, tree=tree, top_k=top_k,
-                   depth=depth, total_tokens=total_tokens, cuda_graphs=cuda_graphs, graph_backend=graph_backend)
+        return cls(head, target.lm_head, embedding, **drafting)
 
     @property
     def max_draft_tokens(self) -> int:
