@@ -148,7 +148,7 @@ def test_a_silent_slot_is_charged_a_full_chain_and_a_tree_its_nodes(clock):
     tree = ScriptedBatchedTarget(clock, 2)
     costs = measure_batched_step_costs(tree, ScriptedBatchedProposer(clock, tree=True), [[5, 6]], reps=2)
     step = tree.steps[-1][1][0]
-    assert costs.verify_width == 4 and step.tree_mask is not None and step.depths == [0, 1, 1, 2]
+    assert costs.verify_width == 4 and step.tree_mask is not None and torch.as_tensor(step.depths).tolist() == [0, 1, 1, 2]
     plain = measure_batched_step_costs(ScriptedBatchedTarget(clock, 2), None, [[5, 6]], reps=2)
     assert (plain.verify_width, plain.draft_s, plain.verify_s) == (1, 0.0, plain.t1_s)
     with pytest.raises(ValueError, match="reps >= 1"):

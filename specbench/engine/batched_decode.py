@@ -126,6 +126,27 @@ def _write_rows(buffer: torch.Tensor, start: torch.Tensor, values: torch.Tensor,
     buffer.scatter_(1, index, torch.where(live, values, buffer.gather(1, index)))
 
 
+def slot_input(root: int, draft: Draft, device: torch.device, read_depths=None) -> SlotInput:
+    """Slot input ``[root, *draft]``: the root is host-known; a draft on ``device`` (Medusa, EAGLE, n-gram) goes as
+    the input's device-held tail, one held on the host for a GPU target (scripted) is packed on the host. Chain
+    depths are ``0..N`` without reading the draft; a tree drafted anew on the device (EAGLE-2) keeps its depths
+    there; a static tree's ``(N + 1,)`` depths go through ``read_depths`` (default: read them; the decoder reads
+    each tree once)."""
+    if not len(draft):
+        return SlotInput([root], [0])
+    on_host = draft.tokens.device != device  # host-held (a CPU tensor): the whole input is host-known
+    if draft.is_chain:
+        depths = list(range(len(draft) + 1))
+    elif draft.precomputed_depth is None and not on_host:
+        depths = draft.depths()  # (N + 1,) on the device
+    else:
+        depths = (read_depths or torch.Tensor.tolist)(draft.depths())
+    mask = None if draft.is_chain else draft.tree_mask()  # (N + 1, N + 1) or None
+    if on_host:
+        return SlotInput([root, *draft.tokens.tolist()], depths, mask)
+    return SlotInput([root], depths, mask, tail=draft.tokens)
+
+
 class BatchedDecoder:
     """Generate every prompt of a queue with ``target``'s B slots, drafting with ``proposer`` (None = plain)."""
 
@@ -274,23 +295,7 @@ class BatchedDecoder:
             self.stats.step_tokens += self._record(slots[b], drafts[b], tokens[b])
 
     def _input(self, root: int, draft: Draft) -> SlotInput:
-        """Slot input ``[root, *draft]``: the root is host-known; a draft on the target's device (Medusa, n-gram)
-        goes as the input's device-held tail, one held on the host for a GPU target (scripted) is packed on the
-        host; chain depths are ``0..N`` without reading the draft."""
-        if not len(draft):
-            return SlotInput([root], [0])
-        chain = draft.is_chain
-        on_host = draft.tokens.device != self.target.device  # host-held (a CPU tensor): the whole input is host-known
-        if chain:
-            depths = list(range(len(draft) + 1))
-        elif draft.precomputed_depth is None and not on_host:  # a tree drafted anew on the device: its depths stay there
-            depths = draft.depths()
-        else:
-            depths = self._host_depths(draft.depths())
-        mask = None if chain else draft.tree_mask()
-        if on_host:
-            return SlotInput([root, *draft.tokens.tolist()], depths, mask)
-        return SlotInput([root], depths, mask, tail=draft.tokens)
+        return slot_input(root, draft, self.target.device, self._host_depths)
 
     def _host_depths(self, depths: torch.Tensor) -> list[int]:
         """A tree's depths ``(N + 1,)`` as a host list, read once per depths tensor: a static tree (Medusa) hands

@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from specbench.engine.batched_proposers import BatchedProposer
+from specbench.engine.batched_decode import slot_input
 from specbench.engine.batched_target import BatchedStaticTarget, SlotInput
 from specbench.engine.draft import Draft
 from specbench.engine.proposer import Proposer, ProposerState
@@ -133,18 +134,6 @@ class BatchedStepCosts(StepCosts):
     batch_size: int = 1
 
 
-def _slot_input(root: int, draft: Draft, device: torch.device) -> SlotInput:
-    """``[root, *draft]`` as the batched decode loop feeds a slot: a draft held on the target's device goes as the
-    input's device-held tail, a host-held one is packed on the host; chain depths are ``0..N``."""
-    if not len(draft):
-        return SlotInput([root], [0])
-    depths = list(range(len(draft) + 1)) if draft.is_chain else draft.depths().tolist()  # (N + 1,) root first
-    mask = None if draft.is_chain else draft.tree_mask()  # (N + 1, N + 1) or None
-    if draft.tokens.device != device:
-        return SlotInput([root, *draft.tokens.tolist()], depths, mask)
-    return SlotInput([root], depths, mask, tail=draft.tokens)
-
-
 @torch.inference_mode()
 def measure_batched_step_costs(target: BatchedStaticTarget, proposer: BatchedProposer | None, prompts, *,
                                reps: int = DEFAULT_REPS, warmup: int = DEFAULT_WARMUP) -> BatchedStepCosts:
@@ -205,7 +194,7 @@ def measure_batched_step_costs(target: BatchedStaticTarget, proposer: BatchedPro
         return times, width
 
     t1 = statistics.median(verify_times([SlotInput([root], [0]) for root in roots])[0])
-    step = [_slot_input(roots[b], draft_of(b), device) for b in range(batch)]
+    step = [slot_input(roots[b], draft_of(b), device) for b in range(batch)]
     verify, width = t1, 1
     if max(len(x) for x in step) > 1:
         times, width = verify_times(step)
