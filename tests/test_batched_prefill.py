@@ -1,6 +1,8 @@
 """Group prefill (engine/batched_prefill.py): n prompts of mixed lengths prefilled in one forward leave each slot's
 cache and outputs as its own one-slot prefill does, touch no other slot, split at the token budget; the batched loop
-admits every free slot in one group and reports its decode phase apart from its admissions."""
+admits every free slot in one group and reports its decode phase apart from its admissions. One prompt's prefill
+through a graph per padded width (engine/prefill_graphs.py, the CPU stand-in of a CUDA graph) leaves the slot as the
+eager prefill does, captures once per bucket, falls back to eager when the bucket exceeds the cache."""
 
 from __future__ import annotations
 
@@ -14,8 +16,11 @@ from specbench.engine.batched_decode import BatchedDecoder
 from specbench.engine.batched_prefill import split_group
 from specbench.engine.batched_target import BatchedStaticTarget
 from specbench.engine.decode import GenerationConfig
+from specbench.engine.graph_capture import StepGraphs
+from specbench.engine.prefill_graphs import CapturedPrefill, bucket
 from specbench.engine.static_target import StaticTarget
 from test_batched_engine import tiny_llama_model
+from test_batched_graphs import FakeCapture
 
 PROMPTS = [random_prompt(9, 1), random_prompt(3, 2), random_prompt(17, 3)]
 
@@ -92,3 +97,47 @@ def test_the_batched_loop_admits_every_free_slot_in_one_group_and_times_its_phas
     assert math.isclose(stats.decode_throughput_tokens_per_s, stats.step_tokens / stats.step_s)
     first = [r for r in results if r.queue_s < results[3].queue_s]  # the requests of the first group share its TTFT
     assert len(first) == 3 and len({r.timing.time_to_first_token_s for r in first}) == 1
+
+
+# --- one prompt's prefill replayed per padded width (engine/prefill_graphs.py) ----------------------------
+
+
+def captured(static, batch_size: int, capacity: int):
+    """A batched target whose one-prompt prefills go through the CPU stand-in of a CUDA graph."""
+    target = BatchedStaticTarget.from_static_target(static, batch_size)
+    target.prefill_graphs = CapturedPrefill(target.module, StepGraphs(FakeCapture()))
+    target.reserve(capacity)
+    return target
+
+
+def test_a_captured_prefill_leaves_the_slot_as_the_eager_one_and_replays_per_bucket(static):
+    eager, graphed = batched(static, 2), captured(static, 2, 32)
+    for prompt in (PROMPTS[0], PROMPTS[1], PROMPTS[2], PROMPTS[0]):  # buckets 16, 16, 32, 16
+        want, got = eager.prefill(1, prompt), graphed.prefill(1, prompt)
+        n = prompt.numel()
+        torch.testing.assert_close(graphed._cache.kv[:, :, 1, :, :n], eager._cache.kv[:, :, 1, :, :n])
+        torch.testing.assert_close(got.hidden_states, want.hidden_states)
+        torch.testing.assert_close(got.logits, want.logits)
+        assert got.logits.argmax(-1).tolist() == want.logits.argmax(-1).tolist() and graphed.cache_length(1) == n
+    graphs = graphed.prefill_graphs.graphs
+    assert graphs.captures == {("prefill", 16): 1, ("prefill", 32): 1}
+    assert graphs.replays == {("prefill", 16): 3, ("prefill", 32): 1}
+    assert bucket(1) == 16 and bucket(16) == 16 and bucket(17) == 32 and bucket(33) == 64
+
+
+def test_a_prompt_whose_bucket_exceeds_the_cache_is_prefilled_eagerly(static):
+    graphed = captured(static, 1, 24)
+    graphed.prefill(0, PROMPTS[2])  # 17 tokens: bucket 32 > 24 entries
+    assert not graphed.prefill_graphs.graphs.captures and graphed.cache_length(0) == 17
+
+
+def test_batched_decoding_with_captured_prefills_equals_the_eager_engine(static):
+    """At B = 1 every admission is one prompt: each goes through its bucket's graph; tokens and counters unchanged."""
+    config = GenerationConfig(max_new_tokens=8, ignore_eos=True)
+    prompts = PROMPTS + [random_prompt(40, 8)]  # buckets 16, 16, 32, 64
+    want = BatchedDecoder(batched(static, 1), None, config).generate_all(prompts)
+    target = captured(static, 1, 64)
+    got = BatchedDecoder(target, None, config).generate_all(prompts)
+    assert [r.output_token_ids for r in got] == [r.output_token_ids for r in want]
+    assert [r.counters for r in got] == [r.counters for r in want]
+    assert target.prefill_graphs.graphs.captures == {("prefill", 16): 1, ("prefill", 32): 1, ("prefill", 64): 1}

@@ -22,6 +22,7 @@ from specbench.engine.batched_cache import BatchedKVCache, check_cache_fits
 from specbench.engine.batched_prefill import DEFAULT_TOKEN_BUDGET, prefill_group, split_group
 from specbench.engine.transfers import host_to_device
 from specbench.engine.graph_capture import GraphBackend, StepGraphs
+from specbench.engine.prefill_graphs import CapturedPrefill
 from specbench.engine.static_llama import StaticLlamaForCausalLM
 from specbench.engine.static_ops import EAGER_OPS, StepOps, compiled_ops
 from specbench.engine.target import TargetOutput
@@ -114,6 +115,8 @@ class BatchedStaticTarget:
         self.cuda_graphs = self._graphs.enabled
         self.aux_layers: tuple[int, ...] = ()
         self.prefill_token_budget = DEFAULT_TOKEN_BUDGET  # padded tokens per group-prefill forward (prefill_many)
+        # one prompt's prefill replayed per padded width on CUDA (engine/prefill_graphs.py); its own graphs and pool
+        self.prefill_graphs = CapturedPrefill(module, StepGraphs.for_device(self.device, self.cuda_graphs))
 
     @property
     def capture_seconds(self) -> float:
@@ -146,6 +149,7 @@ class BatchedStaticTarget:
             raise ValueError(f"aux layers {bad} out of range: the target has {self.module.shape.num_layers} layers")
         self.aux_layers = layers
         self._graphs.drop()  # their outputs change
+        self.prefill_graphs.drop()
 
     # -- cache ---------------------------------------------------------------------------------------
 
@@ -200,6 +204,10 @@ class BatchedStaticTarget:
         ids = self._prefill_ids(input_ids)  # (T,)
         length = ids.numel()
         self._cache.reset_slot(slot)
+        if self.prefill_graphs.fits(length, self._cache.capacity):  # CUDA: a replay, not ~1,000 launches
+            out = self.prefill_graphs.run(ids, self._cache.slot_view(slot), self.aux_layers)
+            self._cache.advance_slot(slot, length)
+            return out
         positions = torch.arange(length, device=self.device)  # (T,)
         causal = torch.ones(length, length, dtype=torch.bool, device=self.device).tril_()  # (T, T)
         hidden, aux = self.module(ids, positions, positions, causal, self._cache.slot_view(slot),
