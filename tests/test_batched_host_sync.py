@@ -194,3 +194,26 @@ def test_the_batched_history_hands_each_slot_the_states_it_sees_alone(tiny):
             assert torch.equal(tokens, t)
             torch.testing.assert_close(hidden, h, atol=1e-5, rtol=1e-5)  # batched sums: another order only
             torch.testing.assert_close(features, f, atol=1e-5, rtol=1e-5)
+
+
+class RawShapeNgram(NgramProposer):
+    """n-gram drafts handed over as bare (tokens, parents), their depth unknown on the host, as a third-party
+    proposer may build them: ragged chain lengths per slot, depths learnt from the step's readback."""
+
+    def propose(self, state):
+        draft = super().propose(state)
+        if draft is None or not len(draft):
+            return draft
+        keep = 1 + state.token_ids.numel() % len(draft)  # 1..K tokens: slots of one step draft ragged chains
+        return Draft(tokens=draft.tokens[:keep], parents=draft.parents[:keep].clone())
+
+
+def test_drafts_of_unknown_depth_count_as_alone_whatever_their_length(tiny):
+    static, _, prompts = tiny
+    config = GenerationConfig(max_new_tokens=16, ignore_eos=True)
+    alone = decode_alone(static, lambda target: RawShapeNgram(num_speculative_tokens=4), prompts, config)
+    target = BatchedStaticTarget.from_static_target(static, 4)
+    proposer = PerSlotProposer.build(lambda: RawShapeNgram(num_speculative_tokens=4), 4)
+    batched = BatchedDecoder(target, proposer, config).generate_all(prompts)
+    assert_each_request_as_alone(batched, alone)  # counters: each step's draft tokens from its own deepest node
+    assert sum(r.counters.num_drafts for r in alone) > 0

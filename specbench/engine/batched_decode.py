@@ -126,6 +126,14 @@ def _write_rows(buffer: torch.Tensor, start: torch.Tensor, values: torch.Tensor,
     buffer.scatter_(1, index, torch.where(live, values, buffer.gather(1, index)))
 
 
+def _deepest_nodes(ancestors: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    """(B,) each slot's deepest real node, from the step's ancestor rows ``(B, W, W)`` and real node counts ``(B,)``
+    (padded rows left out: a chain step's padding sees the rows before it)."""
+    index = torch.arange(ancestors.shape[1], device=ancestors.device)  # (W,)
+    depth = ancestors.sum(dim=-1) - 1  # (B, W) ancestors and itself, less itself
+    return (depth * (index[None, :] < counts[:, None])).amax(dim=-1)  # (B,)
+
+
 def slot_input(root: int, draft: Draft, device: torch.device, read_depths=None) -> SlotInput:
     """Slot input ``[root, *draft]``: the root is host-known; a draft on ``device`` (Medusa, EAGLE, n-gram) goes as
     the input's device-held tail, one held on the host for a GPU target (scripted) is packed on the host. Chain
@@ -275,8 +283,7 @@ class BatchedDecoder:
         if verifies_greedily(self.config.sampling):
             step = self.target.verified_step()  # ids (B, W), ancestors (B, W, W), counts (B,) on the device
             verdict = verify_batch(step.ids, out.logits, step.ancestors, step.counts, chain=step.chain)
-            # a tree step's padded rows see only themselves: each slot's deepest node from its ancestor rows
-            depths = (step.ancestors.sum(dim=-1) - 1).amax(dim=-1) if unknown else None  # (B,)
+            depths = _deepest_nodes(step.ancestors, step.counts) if unknown else None  # (B,)
             readback = read_step(verdict, depths)  # the step's one device-to-host transfer, waited for below
             emitted = readback.tokens
         else:
