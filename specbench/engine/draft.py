@@ -90,15 +90,17 @@ class Draft:
 
 def ancestor_mask(parents: torch.Tensor, max_depth: int) -> torch.Tensor:
     """(N + 1, N + 1) bool ancestor closure of ``parents`` ``(N,)`` (verify-input index of each node's parent, 0 =
-    the root) for trees no deeper than ``max_depth``: row i holds i and all its ancestors.
+    the root) for trees no deeper than ``max_depth``: row i holds i and all its ancestors. ``parents`` ``(B, N)``
+    (one tree per row: a batch of slots) gives ``(B, N + 1, N + 1)``.
 
     Tensor ops only, on the parents' device (no host read): pointer jumping, ``ceil(log2(max_depth + 1))`` rounds
     of ``mask |= mask[up]; up = up[up]``, where row i covers the ancestors less than ``2^r`` levels up after r
     rounds and ``up`` is the ancestor ``2^r`` levels up (the root is its own parent)."""
-    n = parents.numel()
-    up = torch.cat([parents.new_zeros(1), parents.long()])  # (N + 1,) each node's parent; the root's is itself
-    mask = torch.eye(n + 1, dtype=torch.bool, device=parents.device)  # (N + 1, N + 1)
+    rows = parents if parents.dim() == 2 else parents[None]  # (B, N)
+    batch, n = rows.shape
+    up = torch.cat([rows.new_zeros(batch, 1), rows.long()], dim=1)  # (B, N + 1) each node's parent; the root's is itself
+    mask = torch.eye(n + 1, dtype=torch.bool, device=parents.device).expand(batch, n + 1, n + 1)  # (B, N + 1, N + 1)
     for _ in range(max(int(max_depth), 0).bit_length()):  # 2^r >= max_depth + 1 levels covered
-        mask = mask | mask[up]
-        up = up[up]
-    return mask
+        mask = mask | mask.gather(1, up[:, :, None].expand(batch, n + 1, n + 1))
+        up = up.gather(1, up)
+    return mask if parents.dim() == 2 else mask[0]

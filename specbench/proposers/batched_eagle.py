@@ -9,7 +9,7 @@ import torch
 from specbench.eagle.draft_head import BatchedDraftKVCache
 from specbench.eagle.eagle3 import Eagle3Head
 from specbench.engine.batched_proposers import BatchedProposer
-from specbench.engine.draft import Draft
+from specbench.engine.draft import Draft, ancestor_mask
 from specbench.engine.proposer import ProposerState
 from specbench.engine.transfers import host_to_device
 from specbench.proposers.eagle import EagleProposer
@@ -25,17 +25,6 @@ def batched_mask(visible: torch.Tensor, block: torch.Tensor, keys: int) -> torch
     index = rel.clamp(0, columns - 1)[:, None, :].expand(batch, width, keys)  # (B, W, K)
     picked = block.expand(batch, width, columns).gather(2, index)  # (B, W, K)
     return (rel < 0)[:, None, :] | (inside[:, None, :] & picked)  # (B, W, K)
-
-
-def batched_ancestor_mask(parents: torch.Tensor, max_depth: int) -> torch.Tensor:
-    """``engine.draft.ancestor_mask`` of every row of ``parents`` ``(B, N)``: ``(B, N + 1, N + 1)`` bool."""
-    batch, n = parents.shape
-    up = torch.cat([parents.new_zeros(batch, 1), parents.long()], dim=1)  # (B, N + 1) the root is its own parent
-    mask = torch.eye(n + 1, dtype=torch.bool, device=parents.device).expand(batch, n + 1, n + 1)  # (B, N + 1, N + 1)
-    for _ in range(max(int(max_depth), 0).bit_length()):
-        mask = mask | mask.gather(1, up[:, :, None].expand(batch, n + 1, n + 1))
-        up = up.gather(1, up)
-    return mask
 
 
 class BatchedEagleProposer(BatchedProposer):
@@ -233,7 +222,7 @@ class BatchedEagleProposer(BatchedProposer):
         parents = torch.where(parent < 0, torch.zeros_like(index), index)  # (B, N)
         levels = torch.cat(all_levels)[keep]  # (B, N)
         depths = torch.cat([levels.new_zeros(batch, 1), levels], dim=1)  # (B, N + 1)
-        masks = batched_ancestor_mask(parents, depth)  # (B, N + 1, N + 1)
+        masks = ancestor_mask(parents, depth)  # (B, N + 1, N + 1)
         ids = torch.cat(all_tokens, dim=1).gather(1, keep)  # (B, N)
         chain = True if k == 1 else (False if total > depth else None)  # as draft_dynamic_tree
         return [Draft(tokens=ids[b], parents=parents[b], precomputed_depths=depths[b], precomputed_tree_mask=masks[b],
