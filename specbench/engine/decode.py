@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from specbench.engine.transfers import host_to_device
+from specbench.engine.transfers import host_to_device, tensor_to_device
 from specbench.engine.draft import Draft
 from specbench.engine.sampling import SamplingParams
 from specbench.engine.target import Target
@@ -120,7 +120,7 @@ class Decoder:
                     token_ids=tokens[:length], hidden_state=hidden,
                     hidden_states=None if features is None else features[: length - 1]))
             draft = draft if draft is not None and len(draft) else _EMPTY_DRAFT
-            verify_ids = torch.cat([tokens[length - 1 : length], draft.tokens.to(device)])  # (N + 1,) root first
+            verify_ids = torch.cat([tokens[length - 1 : length], tensor_to_device(draft.tokens, device)])  # (N + 1,)
             tree_mask = None if draft.is_chain else draft.tree_mask()  # (N + 1, N + 1)
             out = self.target.verify(verify_ids, draft.depths(), tree_mask)
             accepted_nodes, new = verify_step(draft, verify_ids, out.logits, sampling, generator)

@@ -21,7 +21,7 @@ from specbench.engine.static_cache import StaticKVCache
 from specbench.engine.static_llama import EAGER_HINT, SUPPORTED_MODEL_TYPES, LlamaShape, StaticLlamaForCausalLM, UnsupportedModel
 from specbench.engine.static_ops import EAGER_OPS, compiled_ops
 from specbench.engine.target import TargetOutput
-from specbench.engine.transfers import host_to_device
+from specbench.engine.transfers import host_to_device, tensor_to_device
 
 # cache slots allocated when nothing reserved more (a 128k-context config would otherwise take GBs)
 DEFAULT_CACHE_SLOTS = 4096
@@ -234,11 +234,11 @@ class StaticTarget:
         buffers.ids[:n].copy_(input_ids.flatten())
         if depths is not buffers.depths_source:
             buffers.depths[n:].zero_()
-            buffers.depths[:n].copy_(depths.flatten())
+            buffers.depths[:n].copy_(tensor_to_device(depths.flatten(), self.device))  # a host-held draft's: no sync
             buffers.depths_source = depths
         if kind == "tree" and tree_mask is not buffers.tree_source:
             buffers.tree.zero_().diagonal().fill_(True)  # padded rows: themselves only
-            buffers.tree[:n, :n].copy_(tree_mask)
+            buffers.tree[:n, :n].copy_(tensor_to_device(tree_mask, self.device))
             buffers.tree_source = tree_mask
         logits, hidden, aux = self._step(kind, buffers)  # (W, V), (W, H), (W, A * H) or None
         self._pending = (kind, n)
