@@ -21,7 +21,7 @@ from specbench.gating.curves import curve_name
 from specbench.metrics import aggregate
 from specbench.run_parts import (RunResult, _request_record, build_proposer, generation_config, load_prompt_ids,
                                  load_target, lossless_report)
-from specbench.speed import measurement_flags, repeat_record, speed_over_repeats
+from specbench.speed import measurement_flags, prediction_error, repeat_record, speed_over_repeats
 
 SWEEP_SCHEMA_VERSION = 1
 # what a repeat record of a batched run adds to repeat_record's; each becomes the median metric of the run
@@ -100,19 +100,6 @@ def batch_metrics(case: Case, repeats: list[dict], spec: list, peak: int | None)
     return out
 
 
-def batch_prediction_error(metrics: dict) -> float:
-    """A batch point's step costs predict its batch speedup: measured batch_speedup / predicted_speedup - 1."""
-    predicted, measured = metrics["predicted_speedup"], metrics["batch_speedup"]
-    return measured / predicted - 1 if predicted > 0 and math.isfinite(measured) else math.nan
-
-
-def batch_measurement_flags(metrics: dict) -> list[dict]:
-    """speed.measurement_flags of a batch point: its prediction is checked against its batch speedup."""
-    flags = measurement_flags({**metrics, "decode_speedup": metrics["batch_speedup"]})
-    return [{**flag, "message": flag["message"].replace("measured decode-phase speedup", "measured batch speedup", 1)}
-            for flag in flags]
-
-
 def run_batched_case(case: Case, *, progress: bool = True, target=None, tokenizer=None, proposer=None):
     """Run ``case`` at ``case.batch_size`` through the BatchedDecoder: plain batched decoding, then speculative,
     per repeat, over the whole prompt set with the same seeds, then the step costs at B; per-request records as
@@ -161,7 +148,7 @@ def run_batched_case(case: Case, *, progress: bool = True, target=None, tokenize
     metrics.update(speed_over_repeats(repeats))
     peak = max((p for p in peaks if p is not None), default=None)
     metrics.update(batch_metrics(case, repeats, spec, peak))
-    metrics["speedup_prediction_error"] = batch_prediction_error(metrics)
+    metrics["speedup_prediction_error"] = prediction_error(metrics, "batch_speedup")
     correctness = lossless_report([r.output_token_ids for r in plain], [r.output_token_ids for r in spec],
                                   checked=config.sampling.rule == "greedy")
     details = {
@@ -175,7 +162,7 @@ def run_batched_case(case: Case, *, progress: bool = True, target=None, tokenize
     created_at = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     env = environment_fingerprint(device=case.device, dtype=case.dtype)
     return RunResult(case, metrics, records, correctness, env, details, created_at, repeats,
-                     batch_measurement_flags(metrics))
+                     measurement_flags(metrics, measured="batch_speedup"))
 
 
 # ---- curves: results that differ only in batch size --------------------------------------------------------

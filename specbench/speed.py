@@ -73,20 +73,31 @@ def speed_over_repeats(repeats: list[dict]) -> dict:
         out[name] = statistics.median(values) if values else math.nan
     step = _finite(r.get("t1_s") for r in repeats)
     out["step_latency_s"] = statistics.median(step) if step else math.nan  # T(1): docs/metrics.md#step-costs
-    predicted, measured = out["predicted_speedup"], out["decode_speedup"]
-    out["speedup_prediction_error"] = measured / predicted - 1 if predicted > 0 and math.isfinite(measured) else math.nan
+    out["speedup_prediction_error"] = prediction_error(out)
     return out
 
 
-def measurement_flags(metrics: dict, tolerance: float = PREDICTION_TOLERANCE) -> list[dict]:
-    """``[{"kind", "message"}]``: the measurement problems a run's metrics show (empty when none)."""
+# the measured speedup a prediction is checked against: a single-sequence run's decode phase, a batch point's
+# throughput ratio at the same B (batch_run.py)
+MEASURED_SPEEDUPS = {"decode_speedup": "decode-phase speedup", "batch_speedup": "batch speedup"}
+
+
+def prediction_error(metrics: dict, measured: str = "decode_speedup") -> float:
+    """``metrics[measured] / predicted_speedup - 1`` (NaN when either is unknown)."""
+    predicted, value = metrics["predicted_speedup"], metrics[measured]
+    return value / predicted - 1 if predicted > 0 and math.isfinite(value) else math.nan
+
+
+def measurement_flags(metrics: dict, tolerance: float = PREDICTION_TOLERANCE, measured: str = "decode_speedup") -> list[dict]:
+    """``[{"kind", "message"}]``: the measurement problems a run's metrics show (empty when none); ``measured``
+    names the speedup ``speedup_prediction_error`` was taken against (MEASURED_SPEEDUPS)."""
     error = metrics.get("speedup_prediction_error")
     if error is None or not math.isfinite(error) or abs(error) <= tolerance:
         return []
     return [{
         "kind": "speedup_prediction",
         "message": (
-            f"measured decode-phase speedup {metrics['decode_speedup']:.3f} is {error:+.0%} off the "
+            f"measured {MEASURED_SPEEDUPS[measured]} {metrics[measured]:.3f} is {error:+.0%} off the "
             f"{metrics['predicted_speedup']:.3f} its step costs predict (MAL {metrics.get('mean_acceptance_length', math.nan):.3f} / "
             f"(verify {metrics['verify_cost_ratio']:.3f} + draft {metrics['draft_cost_ratio']:.3f} plain steps)); beyond "
             f"{tolerance:.0%}: a per-step cost the step costs do not see (host work between steps, a proposer "

@@ -11,6 +11,7 @@ import torch
 from _random_heads import random_heads
 from _synthetic_results import make_result
 from specbench import batch_run
+from specbench.speed import measurement_flags, prediction_error
 from specbench.cases import Case
 from specbench.checkpoints.tiny import tiny_llama
 from specbench.engine import step_costs
@@ -158,13 +159,14 @@ def test_a_silent_slot_is_charged_a_full_chain_and_a_tree_its_nodes(clock):
 def test_batch_measurement_flags_name_the_batch_speedup():
     metrics = {"batch_speedup": 1.2, "decode_speedup": 1.4, "predicted_speedup": 1.5, "mean_acceptance_length": 2.0,
                "verify_cost_ratio": 1.2, "draft_cost_ratio": 0.13}
-    metrics["speedup_prediction_error"] = batch_run.batch_prediction_error(metrics)
+    metrics["speedup_prediction_error"] = prediction_error(metrics, "batch_speedup")
     assert metrics["speedup_prediction_error"] == pytest.approx(1.2 / 1.5 - 1)
-    (flag,) = batch_run.batch_measurement_flags(metrics)
+    (flag,) = measurement_flags(metrics, measured="batch_speedup")
     assert flag["kind"] == "speedup_prediction"
     assert flag["message"].startswith("measured batch speedup 1.200 is -20% off the 1.500 its step costs predict")
-    assert batch_run.batch_measurement_flags({**metrics, "speedup_prediction_error": 0.05}) == []
-    assert math.isnan(batch_run.batch_prediction_error({**metrics, "predicted_speedup": math.nan}))
+    assert measurement_flags({**metrics, "speedup_prediction_error": 0.05}, measured="batch_speedup") == []
+    assert math.isnan(prediction_error({**metrics, "predicted_speedup": math.nan}, "batch_speedup"))
+    assert prediction_error(metrics) == pytest.approx(1.4 / 1.5 - 1)  # the single-sequence form: decode phase
 
 
 # ---- real batched runs on a tiny random Llama (CPU, fp32) ---------------------------------------------------
@@ -250,7 +252,7 @@ def test_scripted_step_costs_flow_into_the_batch_result(tiny, monkeypatch):
     assert mal > 1.0  # a draft model of the target's own weights: its drafts are accepted
     assert metrics["predicted_speedup"] == pytest.approx(mal / 1.7) == pytest.approx(fixed.predicted_speedup(mal))
     assert metrics["speedup_prediction_error"] == pytest.approx(metrics["batch_speedup"] / (mal / 1.7) - 1)
-    assert result["flags"] == batch_run.batch_measurement_flags(metrics)
+    assert result["flags"] == measurement_flags(metrics, measured="batch_speedup")
 
 
 @pytest.mark.parametrize("proposer_for", [lambda static, heads: None,  # n-gram per slot, from the case
