@@ -118,6 +118,7 @@ def run_batched_case(case: Case, *, progress: bool = True, target=None, tokenize
     room = proposer.max_draft_tokens if proposer else 0
     # the memory check (bytes needed and free) and the one cache allocation, before per-slot state or warm-up
     target.reserve(max(p.numel() for p in ids) + case.max_new_tokens + room, room)
+    target.prepare_prefills([p.numel() for p in ids])  # every prompt's prefill graph before anything is timed
     batched_proposer = batched_form(case, static, proposer, case.batch_size)
     plain_decoder, spec_decoder = BatchedDecoder(target, None, config), BatchedDecoder(target, batched_proposer, config)
 

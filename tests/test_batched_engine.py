@@ -14,7 +14,8 @@ from _random_heads import random_heads as shared_random_heads
 from specbench.engine.batched_decode import BatchedDecoder
 from specbench.engine.batched_proposers import PerSlotProposer
 from specbench.proposers.batched import for_batch
-from specbench.engine.batched_target import BatchedStaticTarget, SlotInput
+from specbench.engine.batched_inputs import SlotInput
+from specbench.engine.batched_target import BatchedStaticTarget
 from specbench.engine.decode import Decoder, GenerationConfig
 from specbench.engine.sampling import SamplingParams
 from specbench.engine.static_target import StaticTarget

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from specbench.engine.batched_decode import BatchedDecoder
-from specbench.engine.batched_target import BatchedStaticTarget, SlotInput
+from specbench.engine.batched_inputs import SlotInput
+from specbench.engine.batched_target import BatchedStaticTarget
 from specbench.engine.decode import Decoder, GenerationConfig
 from specbench.engine.graph_capture import StepGraphs
 from specbench.engine.static_target import StaticTarget

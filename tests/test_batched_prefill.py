@@ -141,3 +141,17 @@ def test_batched_decoding_with_captured_prefills_equals_the_eager_engine(static)
     assert [r.output_token_ids for r in got] == [r.output_token_ids for r in want]
     assert [r.counters for r in got] == [r.counters for r in want]
     assert target.prefill_graphs.graphs.captures == {("prefill", 16): 1, ("prefill", 32): 1, ("prefill", 64): 1}
+
+
+def test_prepared_prefill_graphs_write_no_slot_and_leave_nothing_to_capture_in_a_run(static):
+    target = captured(static, 2, 64)
+    before = target._cache.kv.clone()
+    target.prepare_prefills([3, 9, 17, 40, 100])  # buckets 16, 32, 64; 100 tokens (bucket 128) does not fit
+    graphs = target.prefill_graphs.graphs
+    assert graphs.captures == {("prefill", 16): 1, ("prefill", 32): 1, ("prefill", 64): 1}
+    assert torch.equal(target._cache.kv, before) and target.capture_seconds > 0
+    config = GenerationConfig(max_new_tokens=6, ignore_eos=True)
+    BatchedDecoder(target, None, config).generate_all(PROMPTS + [random_prompt(40, 8), random_prompt(5, 9)])
+    assert all(n == 1 for n in graphs.captures.values()) and sum(graphs.replays.values()) > len(graphs.captures)
+    with pytest.raises(ValueError, match="prepare_prefills before reserve"):
+        BatchedStaticTarget.from_static_target(static, 1).prepare_prefills([3])

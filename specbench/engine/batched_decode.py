@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 import torch
 
 from specbench.engine.batched_proposers import BatchedProposer
-from specbench.engine.batched_target import BatchedStaticTarget, SlotInput
+from specbench.engine.batched_inputs import SlotInput
+from specbench.engine.batched_target import BatchedStaticTarget
 from specbench.engine.batched_verification import BatchVerdict, read_step, verify_batch_greedy as verify_batch
 from specbench.engine.decode import GenerationConfig, GenerationResult, _synchronize, verify_step
 from specbench.engine.draft import Draft
@@ -182,6 +183,7 @@ class BatchedDecoder:
                 )
         longest = max(p.numel() for p in prompts) + self.config.max_new_tokens + self._draft_room
         self.target.reserve(longest, self._draft_room)
+        self.target.prepare_prefills([p.numel() for p in prompts])  # lone admissions replay these graphs
         self._history = _History(self.target.batch_size, longest + 1, self.target.device)
         if self.proposer is not None:
             self.proposer.reserve(longest)

@@ -14,11 +14,11 @@ the graph's static buffers before each replay.
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
 
 import torch
 
 from specbench.engine.batched_cache import BatchedKVCache, check_cache_fits
+from specbench.engine.batched_inputs import SlotInput, VerifiedStep, BatchBuffers, scatter_rows, step_kind
 from specbench.engine.batched_prefill import DEFAULT_TOKEN_BUDGET, prefill_group, split_group
 from specbench.engine.transfers import host_to_device
 from specbench.engine.graph_capture import GraphBackend, StepGraphs
@@ -26,64 +26,6 @@ from specbench.engine.prefill_graphs import CapturedPrefill
 from specbench.engine.static_llama import StaticLlamaForCausalLM
 from specbench.engine.static_ops import EAGER_OPS, StepOps, compiled_ops
 from specbench.engine.target import TargetOutput
-
-
-@dataclass
-class SlotInput:
-    """One slot's verify input: ``[root, *draft]`` ``(N,)``, depths ``(N,)``, tree mask ``(N, N)`` or None (a chain).
-
-    ``ids`` and ``depths`` are tensors or host lists; ``tail`` ``(M,)``, if given, is a device-held rest of the
-    ids (a proposer's draft) after the host-known ``ids`` (the root), so the slot has ``len(ids) + M`` nodes."""
-
-    ids: torch.Tensor | list[int]
-    depths: torch.Tensor | list[int]
-    tree_mask: torch.Tensor | None = None
-    tail: torch.Tensor | None = None
-
-    def __len__(self) -> int:
-        return len(self.ids) + (0 if self.tail is None else self.tail.numel())
-
-
-@dataclass
-class VerifiedStep:
-    """The last verify's inputs on the device, valid until the next verify (what greedy verification reads)."""
-
-    ids: torch.Tensor  # (B, W) int64 row b's first counts[b] are [root, *draft]
-    ancestors: torch.Tensor  # (B, W, W) bool row i: node i and its ancestors (chains: causal; padded rows: at least self)
-    counts: torch.Tensor  # (B,) int64 real nodes per slot, 0 for idle slots
-    chain: bool  # a plain or chain step: every slot's input is a chain (its ancestor rows are causal)
-
-
-@dataclass
-class _BatchBuffers:
-    """The static inputs of one step kind at width W for B slots: a captured graph reads exactly these."""
-
-    ids: torch.Tensor  # (B, W) int64, padded with token 0
-    depths: torch.Tensor  # (B, W) int64 position offsets from each slot's cache end, padded with 0
-    tree: torch.Tensor  # (B, W, W) bool; padded rows see only themselves
-    # host mirrors of what the device rows hold, so an unchanged row costs no copy: depths (B lists of W) and,
-    # per slot, (the tree mask tensor last written into its tree rows, its nodes); None: not written yet
-    host_depths: list | None = None
-    tree_rows: list | None = None
-
-    @classmethod
-    def allocate(cls, batch: int, width: int, device) -> "_BatchBuffers":
-        causal = torch.ones(width, width, dtype=torch.bool, device=device).tril_()  # (W, W) a chain's mask
-        return cls(
-            ids=torch.zeros(batch, width, dtype=torch.long, device=device),
-            depths=torch.zeros(batch, width, dtype=torch.long, device=device),
-            tree=causal.expand(batch, width, width).clone(),
-            host_depths=[[0] * width for _ in range(batch)],
-            tree_rows=[None] * batch,
-        )
-
-
-def step_kind(inputs: list[SlotInput | None]) -> str:
-    """The kind of a batch step: tree if any slot verifies a tree, chain if any drafted, else plain."""
-    live = [x for x in inputs if x is not None]
-    if any(x.tree_mask is not None for x in live):
-        return "tree"
-    return "chain" if any(len(x) > 1 for x in live) else "plain"
 
 
 class BatchedStaticTarget:
@@ -102,7 +44,7 @@ class BatchedStaticTarget:
         self.device, self.dtype = param.device, param.dtype
         self.verify_widths: dict[str, Counter] = {}  # kind -> Counter(width -> batched verify calls)
         self._widths: dict[str, int] = {"plain": 1}
-        self._buffers: dict[tuple[str, int], _BatchBuffers] = {}  # (kind, width) -> its static inputs
+        self._buffers: dict[tuple[str, int], BatchBuffers] = {}  # (kind, width) -> its static inputs
         self._cache: BatchedKVCache | None = None
         self._pending: tuple[str, int, list[int]] | None = None  # (kind, width, nodes per slot, 0 for idle slots)
         self._last_step: tuple | None = None  # the last verify's (kind, buffers, nodes per slot)
@@ -120,8 +62,8 @@ class BatchedStaticTarget:
 
     @property
     def capture_seconds(self) -> float:
-        """Warm-up + capture time of the step graphs, reported apart from decoding speed."""
-        return self._graphs.capture_seconds
+        """Warm-up + capture time of the step graphs and the prefill graphs, reported apart from decoding speed."""
+        return self._graphs.capture_seconds + self.prefill_graphs.graphs.capture_seconds
 
     @property
     def graphs(self) -> StepGraphs:
@@ -177,6 +119,13 @@ class BatchedStaticTarget:
             self._pending = None
         if max_draft_tokens > 0:
             self._widths["chain"] = self._widths["tree"] = max_draft_tokens + 1
+
+    def prepare_prefills(self, lengths) -> None:
+        """Capture the one-prompt prefill graphs prompts of these ``lengths`` will replay (CUDA graphs on), before
+        anything is timed; a no-op without graphs or once captured."""
+        if self._cache is None:
+            raise ValueError("prepare_prefills before reserve(): size the batched cache first")
+        self.prefill_graphs.prepare(lengths, self._cache.slot_view(0), self.aux_layers)
 
     def release(self, slot: int) -> None:
         """Free a finished slot: its length returns to 0, so its idle padding stays inside the cache."""
@@ -268,7 +217,7 @@ class BatchedStaticTarget:
         out = [None if t is None else (t.clone() if copied else t).view(batch, width, -1) for t in (logits, hidden, aux)]
         return TargetOutput(logits=out[0], hidden_states=out[1], aux_hidden_states=out[2])
 
-    def _forward(self, buffers: _BatchBuffers) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    def _forward(self, buffers: BatchBuffers) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """One fixed-shape batched verify forward over the static buffers and the cache: the region a CUDA graph
         captures (device ops only: no host reads, no host-to-device copies, no branching on tensor values)."""
         cache = self._cache
@@ -299,7 +248,7 @@ class BatchedStaticTarget:
         if n > width:
             width = self._widths[kind] = n
         if (kind, width) not in self._buffers:
-            self._buffers[(kind, width)] = _BatchBuffers.allocate(self.batch_size, width, self.device)
+            self._buffers[(kind, width)] = BatchBuffers.allocate(self.batch_size, width, self.device)
         return width
 
     def _check_room(self, kind: str, counts: list[int], width: int) -> None:
@@ -312,7 +261,7 @@ class BatchedStaticTarget:
                     "lower max_new_tokens or reserve() more room"
                 )
 
-    def _fill(self, kind: str, width: int, inputs: list[SlotInput | None]) -> _BatchBuffers:
+    def _fill(self, kind: str, width: int, inputs: list[SlotInput | None]) -> BatchBuffers:
         """Write each slot's input into the (kind, width) buffers, padding the rest (idle slots: all padding). Inputs
         held on the host go in one packed host-to-device copy per buffer; device-held ones in one scatter per buffer;
         depths and tree rows are copied only where they changed."""
@@ -332,16 +281,16 @@ class BatchedStaticTarget:
             if x.tail is not None:
                 device_ids.append((slot, len(x.ids), x.tail.flatten()))
         buffers.ids.copy_(host_to_device(ids, self.device))
-        _scatter_rows(buffers.ids, device_ids, self.device)
+        scatter_rows(buffers.ids, device_ids, self.device)
         if device_depths or depths != buffers.host_depths:  # plain steps and steady chains: nothing to copy
             buffers.depths.copy_(host_to_device(depths, self.device))
-            _scatter_rows(buffers.depths, device_depths, self.device)
+            scatter_rows(buffers.depths, device_depths, self.device)
             buffers.host_depths = None if device_depths else depths
         if kind == "tree":
             self._fill_tree(buffers, inputs)
         return buffers  # plain and chain steps keep the causal mask they were allocated with
 
-    def _fill_tree(self, buffers: _BatchBuffers, inputs: list[SlotInput | None]) -> None:
+    def _fill_tree(self, buffers: BatchBuffers, inputs: list[SlotInput | None]) -> None:
         """Rewrite slot b's tree rows ``(W, W)`` only when its mask changed (a static tree hands over the same mask
         tensor every step): real rows see their own tree, padded rows only themselves. Idle slots keep theirs."""
         for slot, x in enumerate(inputs):
@@ -394,14 +343,3 @@ class BatchedStaticTarget:
         self._cache.advance_device(kept)
         self._cache.mirror_advance(host_kept())
         self._pending = None
-
-
-def _scatter_rows(buffer: torch.Tensor, parts: list[tuple[int, int, torch.Tensor]], device: torch.device) -> None:
-    """``buffer[slot, start:start + M] = values`` ``(M,)`` for every (slot, start, values) of ``parts``, device-held,
-    in one indexed write."""
-    if not parts:
-        return
-    rows = [slot for slot, _, values in parts for _ in range(values.numel())]  # (T,)
-    cols = [start + i for _, start, values in parts for i in range(values.numel())]  # (T,)
-    index = host_to_device([rows, cols], device)  # (2, T)
-    buffer[index[0], index[1]] = torch.cat([values for _, _, values in parts]).to(buffer.dtype)  # (T,)

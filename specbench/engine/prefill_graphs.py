@@ -65,6 +65,18 @@ class CapturedPrefill:
         self.graphs.drop()
         self._buffers.clear()
 
+    def prepare(self, lengths, cache_view: torch.Tensor, aux_layers: tuple[int, ...]) -> None:
+        """Capture the graph of every bucket ``lengths`` need that fits ``cache_view`` ``(L, 2, KVH, S, D)`` and is not
+        captured yet, on the scratch caches only (no slot is written), so that no capture lands in a timed run."""
+        capacity = cache_view.shape[3]
+        for width in sorted({bucket(n) for n in lengths if self.fits(n, capacity)}):
+            if ("prefill", width) in self.graphs and width in self._buffers:
+                continue
+            buffers = self._buffers.setdefault(width, _PrefillBuffers.allocate(width, cache_view))
+            buffers.ids.zero_()
+            buffers.last.zero_()
+            self.graphs.run(("prefill", width), buffers, partial(_forward, self.module, aux_layers))
+
     def run(self, ids: torch.Tensor, cache_view: torch.Tensor, aux_layers: tuple[int, ...]) -> TargetOutput:
         """Prefill ``ids`` ``(T,)`` into ``cache_view`` ``(L, 2, KVH, S, D)`` entries ``[0, T)``; returns the last row's
         logits ``(1, V)``, hidden states ``(T, H)`` and aux streams ``(T, A * H)`` (copies: the next replay

@@ -19,7 +19,8 @@ import torch
 
 from specbench.engine.batched_proposers import BatchedProposer
 from specbench.engine.batched_decode import slot_input
-from specbench.engine.batched_target import BatchedStaticTarget, SlotInput
+from specbench.engine.batched_inputs import SlotInput
+from specbench.engine.batched_target import BatchedStaticTarget
 from specbench.engine.draft import Draft
 from specbench.engine.proposer import Proposer, ProposerState
 from specbench.engine.target import Target

@@ -8,7 +8,8 @@ import torch
 
 from specbench.engine.transfers import host_to_device
 from specbench.engine.batched_proposers import BatchedProposer, PerSlotProposer
-from specbench.engine.batched_target import BatchedStaticTarget, SlotInput
+from specbench.engine.batched_inputs import SlotInput
+from specbench.engine.batched_target import BatchedStaticTarget
 from specbench.engine.draft import Draft
 from specbench.engine.proposer import ProposerState
 from specbench.engine.static_target import StaticTarget
