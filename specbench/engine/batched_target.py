@@ -33,7 +33,7 @@ class BatchedStaticTarget:
 
     def __init__(self, module: StaticLlamaForCausalLM, config, batch_size: int, *, max_context: int,
                  compile: bool = False, ops: StepOps | None = None, cuda_graphs: bool = True,
-                 graph_backend: GraphBackend | None = None):
+                 graph_backend: GraphBackend | None = None, prefill_graphs: bool = True):
         if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
             raise ValueError(f"batch_size must be an integer >= 1 (slots decoded together), got {batch_size!r}")
         self.module, self.config, self.batch_size = module, config, batch_size
@@ -58,7 +58,7 @@ class BatchedStaticTarget:
         self.aux_layers: tuple[int, ...] = ()
         self.prefill_token_budget = DEFAULT_TOKEN_BUDGET  # padded tokens per group-prefill forward (prefill_many)
         # one prompt's prefill replayed per padded width on CUDA (engine/prefill_graphs.py); its own graphs and pool
-        self.prefill_graphs = CapturedPrefill(module, StepGraphs.for_device(self.device, self.cuda_graphs))
+        self.prefill_graphs = CapturedPrefill(module, StepGraphs.for_device(self.device, self.cuda_graphs and prefill_graphs))
 
     @property
     def capture_seconds(self) -> float:
@@ -72,13 +72,14 @@ class BatchedStaticTarget:
 
     @classmethod
     def from_static_target(cls, target, batch_size: int, *, cuda_graphs: bool | None = None,
-                           graph_backend: GraphBackend | None = None) -> "BatchedStaticTarget":
+                           graph_backend: GraphBackend | None = None, prefill_graphs: bool = True) -> "BatchedStaticTarget":
         """Over a ``StaticTarget``'s module (weights shared, nothing copied), with its max context, its stages (the
         same compiled functions, tuned one-row matmuls included), its aux layers and its graph setting unless
-        ``cuda_graphs`` is given."""
+        ``cuda_graphs`` is given; ``prefill_graphs`` False keeps one-prompt prefills eager (a user that cannot
+        prepare them before a timed run)."""
         graphs = target.cuda_graphs if cuda_graphs is None else cuda_graphs
         batched = cls(target.module, target.config, batch_size, max_context=target.max_context, ops=target._ops,
-                      cuda_graphs=graphs, graph_backend=graph_backend)
+                      cuda_graphs=graphs, graph_backend=graph_backend, prefill_graphs=prefill_graphs)
         if target.aux_layers:  # an EAGLE-3 proposer already asked the static target for its features
             batched.set_aux_layers(target.aux_layers)
         return batched

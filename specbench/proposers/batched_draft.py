@@ -48,7 +48,8 @@ class BatchedDraftModelProposer(BatchedProposer):
         ``temperature`` > 0 draft (its sampling stays per slot) or a draft not on the static engine."""
         if proposer.temperature > 0 or not isinstance(proposer.draft, StaticTarget):
             return None
-        target = BatchedStaticTarget.from_static_target(proposer.draft, batch_size)
+        # its prefills stay eager: they happen inside timed steps, at lengths known only then (docs/batching.md)
+        target = BatchedStaticTarget.from_static_target(proposer.draft, batch_size, prefill_graphs=False)
         return cls(target, num_speculative_tokens=proposer.k, source=proposer.source, settings=proposer.describe())
 
     @property
