@@ -5,12 +5,10 @@ from __future__ import annotations
 import dataclasses
 import shutil
 import tempfile
-import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
-from tqdm.auto import tqdm
 
 from specbench.eagle.checkpoint import load_eagle_head, save_eagle_head
 from specbench.eagle.checkpoint3 import load_eagle3_head, save_eagle3_head
@@ -21,13 +19,10 @@ from specbench.eagle.training_data import FeatureSet, generate_features
 from specbench.eagle.training3 import (
     eagle3_loss, new_eagle3_head, select_draft_vocab, token_counts, train_eagle3_head, vocab_coverage,
 )
-from specbench.engine.decode import Decoder, GenerationConfig
-from specbench.engine.hf_target import HFTarget
 from specbench.env import environment_fingerprint
 from specbench.harness import DTYPES
-from specbench.metrics import SpecCounters
-from specbench.proposers import create_proposer
 from specbench.zoo.build_record import REPRODUCED_METRICS, StageTimer, directory_bytes, loss_summary, part_digests
+from specbench.zoo.eagle_acceptance import measure_acceptance
 
 # offsets from the build seed (specbench.zoo.build's table continues with these)
 EAGLE_SEED_OFFSETS = {"eagle_data": 7, "eagle_init": 8, "eagle3_init": 9}
@@ -200,38 +195,6 @@ def acceptance_settings(config: EagleStageConfig, tree: Path) -> dict[str, tuple
     }
 
 
-def _decode_all(decoder: Decoder, prompts: list[list[int]], desc: str, progress: bool) -> tuple[SpecCounters, list, float]:
-    total, outputs, begin = SpecCounters(), [], time.perf_counter()
-    for ids in tqdm(prompts, desc=desc, disable=not progress):
-        result = decoder.generate(torch.tensor(ids, dtype=torch.long))
-        total = total.merge(result.counters)
-        outputs.append(result.output_token_ids)
-    return total, outputs, time.perf_counter() - begin
-
-
-def measure_acceptance(directory: Path, inputs: StageInputs, config: EagleStageConfig, progress: bool) -> dict:
-    """Greedy decoding of the evaluation prompts (stop at EOS) plainly and with each setting, through the real
-    proposers loading the heads from ``directory``; a fresh HFTarget each (EAGLE-3 sets the target's aux layers)."""
-    eos = inputs.model.generation_config.eos_token_id
-    generation = GenerationConfig(max_new_tokens=inputs.eval_max_new_tokens, eos_token_ids=(eos,))
-    _, plain, plain_s = _decode_all(Decoder(HFTarget(inputs.model), None, generation), inputs.eval_prompts, "plain", progress)
-    tokens = sum(map(len, plain))
-    results = {"plain": {"num_output_tokens": tokens, "wall_s": plain_s, "tokens_per_s": tokens / plain_s}}
-    for name, (proposer_name, head_dir, options) in acceptance_settings(config, inputs.tree).items():
-        target = HFTarget(inputs.model)
-        proposer = create_proposer(proposer_name, target, path=str(directory / head_dir), **options)
-        total, outputs, wall = _decode_all(Decoder(target, proposer, generation), inputs.eval_prompts, name, progress)
-        results[name] = {
-            "proposer": proposer.describe(), "acceptance_rate": total.acceptance_rate,
-            "mean_acceptance_length": total.mean_acceptance_length,
-            "per_position_acceptance_rate": total.per_position_acceptance_rate, "num_drafts": total.num_drafts,
-            "num_draft_tokens": total.num_draft_tokens, "num_accepted_tokens": total.num_accepted_tokens,
-            "num_output_tokens": sum(map(len, outputs)), "outputs_match_plain": outputs == plain, "wall_s": wall,
-            "tokens_per_s": sum(map(len, outputs)) / wall,
-        }
-    return results
-
-
 # ---------------------------------------------------------------- the stage
 
 
@@ -249,7 +212,8 @@ def eagle_family(directory: Path, inputs: StageInputs, config: EagleStageConfig,
         eagle3 = train_eagle3_dir(directory / "eagle3", inputs, train, heldout, config, seeds["eagle3_init"], device, progress)
     read_back(directory, inputs.model)
     with timer.stage("acceptance"):
-        acceptance = measure_acceptance(directory, inputs, config, progress)
+        acceptance = measure_acceptance(directory, inputs.model, inputs.eval_prompts, inputs.eval_max_new_tokens,
+                                        acceptance_settings(config, inputs.tree), progress)
     return {
         "config": config.to_dict(),
         "device": str(device),
