@@ -58,6 +58,13 @@ class EagleConfig:
         }
 
 
+def _grown(kv: torch.Tensor, slots: int, used: int) -> torch.Tensor:
+    """``kv`` ``(..., S, D)`` with room for ``slots`` entries (at least doubling S), its first ``used`` kept."""
+    grown = kv.new_zeros(*kv.shape[:-2], max(slots, 2 * kv.shape[-2]), kv.shape[-1])  # (..., S', D)
+    grown[..., :used, :] = kv[..., :used, :]
+    return grown
+
+
 class DraftKVCache:
     """Keys and values ``(2, KVH, S, D)`` of the draft's one layer; slots ``[0, length)`` are written."""
 
@@ -72,11 +79,8 @@ class DraftKVCache:
 
     def reserve(self, slots: int) -> None:
         """Room for ``slots`` entries; grows (at least doubling) and keeps the written ones."""
-        if slots <= self.capacity:
-            return
-        grown = self.kv.new_zeros(*self.kv.shape[:2], max(slots, 2 * self.capacity), self.kv.shape[3])  # (2, KVH, S', D)
-        grown[:, :, : self.length] = self.kv[:, :, : self.length]
-        self.kv = grown
+        if slots > self.capacity:
+            self.kv = _grown(self.kv, slots, self.length)
 
     def truncate(self, length: int) -> None:
         """Forget the entries beyond ``length`` (a rejected draft's, or a tree expansion's)."""
@@ -100,12 +104,8 @@ class BatchedDraftKVCache:
 
     def reserve(self, slots: int) -> None:
         """Room for ``slots`` entries in every slot; grows (at least doubling) and keeps the written ones."""
-        if slots <= self.capacity:
-            return
-        grown = self.kv.new_zeros(*self.kv.shape[:3], max(slots, 2 * self.capacity), self.kv.shape[4])  # (2, B, KVH, S', D)
-        used = max(self.lengths, default=0)
-        grown[:, :, :, :used] = self.kv[:, :, :, :used]
-        self.kv = grown
+        if slots > self.capacity:
+            self.kv = _grown(self.kv, slots, max(self.lengths, default=0))
 
 
 class EagleDecoderLayer(nn.Module):
