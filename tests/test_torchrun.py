@@ -108,19 +108,13 @@ def test_torchrun_exits_0_and_rank_0_alone_writes_and_prints(under_torchrun):
 
 
 def test_torchrun_result_equals_the_single_process_run(under_torchrun, tp1):
-    from test_tp_cases import REQUEST_FIELDS, SAME_METRICS
+    from test_tp_cases import assert_same_run
 
     done, _, tmp_path = under_torchrun
     assert done.returncode == 0, done.stdout + done.stderr
     tp2 = json.loads((tmp_path / "out" / "r.json").read_text())
     assert tp2["case"]["tensor_parallel"] == 2 and tp1["case"]["tensor_parallel"] == 1
-    assert len(tp2["requests"]) == len(tp1["requests"]) == 3
-    for got, want in zip(tp2["requests"], tp1["requests"]):
-        assert {k: got[k] for k in REQUEST_FIELDS} == {k: want[k] for k in REQUEST_FIELDS}
-        assert len(got["output_token_ids"]) == 24
-    assert {k: tp2["metrics"][k] for k in SAME_METRICS} == {k: tp1["metrics"][k] for k in SAME_METRICS}
-    assert tp2["metrics"]["num_drafts"] > 0
-    assert tp2["correctness"]["checked"] and tp2["correctness"]["exact"]
+    assert_same_run(tp2, tp1)
     env = tp2["env"]
     assert (env["world_size"], env["tensor_parallel"], env["backend"]) == (2, 2, "gloo")
     assert len(env["device_names"]) == 2 and env["hardware_class"] == "cpu"

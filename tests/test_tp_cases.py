@@ -66,16 +66,22 @@ def tp2_cli(tmp_path_factory) -> tuple[int, str, dict]:
     return code, out, json.loads(path.read_text())
 
 
+def assert_same_run(sharded: dict, alone: dict) -> None:
+    """A sharded run's result equals the one-process run's: 3 requests of 24 tokens each, the same request fields
+    and metrics, drafts made, lossless."""
+    assert len(sharded["requests"]) == len(alone["requests"]) == 3
+    for got, want in zip(sharded["requests"], alone["requests"]):
+        assert {k: got[k] for k in REQUEST_FIELDS} == {k: want[k] for k in REQUEST_FIELDS}
+        assert len(got["output_token_ids"]) == 24
+    assert {k: sharded["metrics"][k] for k in SAME_METRICS} == {k: alone["metrics"][k] for k in SAME_METRICS}
+    assert sharded["metrics"]["num_drafts"] > 0
+    assert sharded["correctness"]["checked"] and sharded["correctness"]["exact"]
+
+
 def test_tp2_case_equals_the_unset_case_token_for_token(unset, tp2_cli):
     _, _, tp2 = tp2_cli
     assert tp2["case"]["tensor_parallel"] == 2 and "tensor_parallel" not in unset["case"]  # unset: the dict of before
-    assert len(tp2["requests"]) == len(unset["requests"]) == 3
-    for got, want in zip(tp2["requests"], unset["requests"]):
-        assert {k: got[k] for k in REQUEST_FIELDS} == {k: want[k] for k in REQUEST_FIELDS}
-        assert len(got["output_token_ids"]) == 24
-    assert {k: tp2["metrics"][k] for k in SAME_METRICS} == {k: unset["metrics"][k] for k in SAME_METRICS}
-    assert tp2["metrics"]["num_drafts"] > 0
-    assert tp2["correctness"]["checked"] and tp2["correctness"]["exact"]
+    assert_same_run(tp2, unset)
 
 
 def test_tp2_step_costs_are_measured_on_the_ranks(tp2_cli):
