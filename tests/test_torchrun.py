@@ -129,7 +129,7 @@ def test_a_failing_rank_ends_torchrun_non_zero_with_its_error_and_leaves_no_proc
     assert done.returncode != 0, done.stdout + done.stderr
     assert "(torchrun killed after" not in done.stderr, done.stderr
     assert time.monotonic() - started < TIMEOUT_S
-    assert (f"specbench: error: rank 1 of 2 (torchrun) failed in case medusa/chain-k3[" in done.stderr
+    assert ("specbench: error: rank 1 of 2 (torchrun) failed in case medusa/chain-k3[" in done.stderr
             and f"] at tensor_parallel = 2: ValueError: {BROKEN}" in done.stderr), done.stderr
     assert re.search(r"rank\s*: 1 \(local_rank: 1\)", done.stderr), done.stderr  # torchrun's summary names it too
     assert not left, f"processes left behind: {left}"
