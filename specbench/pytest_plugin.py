@@ -97,7 +97,7 @@ def pytest_xdist_setupnodes(config: pytest.Config, specs) -> None:
 @pytest.hookimpl(optionalhook=True)
 def pytest_configure_node(node) -> None:
     """Controller, per worker: hand it the GPU list (each worker picks its own order from its id)."""
-    node.workerinput["specbench_gpus"] = sharding.sharding_plan(node.config)["gpus"]
+    node.workerinput["specbench_gpus"] = node.config.stash[sharding.PLAN_KEY]["gpus"]  # set up by setupnodes
 
 
 @pytest.hookimpl(optionalhook=True)

@@ -55,12 +55,11 @@ def assign_worker_gpus(config: pytest.Config) -> None:
                                     "note": note}
 
 
-def sharding_plan(config: pytest.Config, workers: int | None = None) -> dict:
-    """The controller's plan, made once: the GPUs the workers share (None when sharding is off) and the worker count."""
+def sharding_plan(config: pytest.Config, workers: int) -> dict:
+    """The controller's plan, made once (pytest_xdist_setupnodes, before any worker starts): the GPUs the workers
+    share (None when sharding is off) and the worker count."""
     plan = config.stash.get(PLAN_KEY, None)
     if plan is None:
-        if workers is None:
-            workers = len(config.getoption("tx", None) or [])
         gpus = None
         if not sharding_off(config):
             visible = os.environ.get(gpus_of.VISIBLE_DEVICES_VAR)
