@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from specbench.eagle.draft_head import BatchedDraftKVCache, DraftKVCache
 from specbench.engine.batched_decode import BatchedDecoder
 from specbench.engine.batched_target import BatchedStaticTarget
 from specbench.engine.decode import GenerationConfig
@@ -213,3 +214,19 @@ def test_reference_heads_batched_equal_their_single_sequence_run(reference, labe
         assert drafts == alone_drafts, batch_size
         assert_each_request_as_alone(batched, alone)
         assert {forwards for _, forwards in calls} == {expected_forwards(decoder.proposer)}
+
+
+def test_a_growing_draft_cache_keeps_the_expansion_entries_past_the_committed_lengths():
+    """A tree expansion writes its nodes past each slot's committed length and the next depth reads them: growing
+    the cache mid-expansion must keep them (both the one-slot and the B-slot cache)."""
+    batched = BatchedDraftKVCache(2, 1, 4, dtype=torch.float32, device="cpu", capacity=6)
+    batched.kv.copy_(torch.arange(batched.kv.numel(), dtype=torch.float32).view_as(batched.kv))
+    batched.lengths = [2, 0]
+    before = batched.kv.clone()
+    batched.reserve(9)
+    assert batched.capacity == 12 and torch.equal(batched.kv[:, :, :, :6], before)
+    single = DraftKVCache(1, 4, dtype=torch.float32, device="cpu", capacity=6)
+    single.kv.copy_(torch.arange(single.kv.numel(), dtype=torch.float32).view_as(single.kv))
+    before, single.length = single.kv.clone(), 1
+    single.reserve(7)
+    assert single.capacity == 12 and torch.equal(single.kv[:, :, :6], before)

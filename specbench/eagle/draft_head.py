@@ -58,10 +58,11 @@ class EagleConfig:
         }
 
 
-def _grown(kv: torch.Tensor, slots: int, used: int) -> torch.Tensor:
-    """``kv`` ``(..., S, D)`` with room for ``slots`` entries (at least doubling S), its first ``used`` kept."""
+def _grown(kv: torch.Tensor, slots: int) -> torch.Tensor:
+    """``kv`` ``(..., S, D)`` with room for ``slots`` entries (at least doubling S), every entry kept: a tree
+    expansion's nodes sit past the committed lengths and are read by the next depth."""
     grown = kv.new_zeros(*kv.shape[:-2], max(slots, 2 * kv.shape[-2]), kv.shape[-1])  # (..., S', D)
-    grown[..., :used, :] = kv[..., :used, :]
+    grown[..., : kv.shape[-2], :] = kv
     return grown
 
 
@@ -80,7 +81,7 @@ class DraftKVCache:
     def reserve(self, slots: int) -> None:
         """Room for ``slots`` entries; grows (at least doubling) and keeps the written ones."""
         if slots > self.capacity:
-            self.kv = _grown(self.kv, slots, self.length)
+            self.kv = _grown(self.kv, slots)
 
     def truncate(self, length: int) -> None:
         """Forget the entries beyond ``length`` (a rejected draft's, or a tree expansion's)."""
@@ -105,7 +106,7 @@ class BatchedDraftKVCache:
     def reserve(self, slots: int) -> None:
         """Room for ``slots`` entries in every slot; grows (at least doubling) and keeps the written ones."""
         if slots > self.capacity:
-            self.kv = _grown(self.kv, slots, max(self.lengths, default=0))
+            self.kv = _grown(self.kv, slots)
 
 
 class EagleDecoderLayer(nn.Module):

@@ -46,7 +46,6 @@ class BatchedEagleProposer(BatchedProposer):
         self.single, self.head, self.batch_size = proposer, proposer.head, batch_size
         self.device = proposer.head.fc.weight.device
         self.cache: BatchedDraftKVCache = self.head.new_batched_cache(batch_size)
-        self._committed = [0] * batch_size  # per slot: draft positions whose KV holds the target's features
         self._rows = torch.arange(batch_size, device=self.device)  # (B,)
         hidden = self.head.config.hidden_size
         # catch-up features: the target's (T - 1, H) hidden states, or EAGLE-3's (T - 1, 3H) aux features
@@ -82,7 +81,7 @@ class BatchedEagleProposer(BatchedProposer):
         self.cache.reserve(num_tokens + self.single.expansion_slots)
 
     def begin_request(self, slot: int, prompt_ids: torch.Tensor) -> None:
-        self._committed[slot] = self.cache.lengths[slot] = 0
+        self.cache.lengths[slot] = 0  # per slot: draft positions whose KV holds the target's features
 
     # -- propose -------------------------------------------------------------------------------------
 
@@ -92,19 +91,17 @@ class BatchedEagleProposer(BatchedProposer):
             return {}
         for slot in range(self.batch_size):  # a slot no longer decoding starts over when it gets a request
             if slot not in states:
-                self._committed[slot] = self.cache.lengths[slot] = 0
+                self.cache.lengths[slot] = 0
         root_hidden = self._catch_up(states)  # (B, H)
         root_logits = self.single._logits(root_hidden)  # (B, V) predicts depth 1
-        committed = host_to_device(self._committed, self.device)  # (B,)
+        committed = host_to_device(self.cache.lengths, self.device)  # (B,) the draft nodes go after, never committed
         if self.single.mode == "dynamic":
             drafts = self._dynamic_tree(root_hidden, root_logits, committed)
-            self.cache.lengths = list(self._committed)  # the draft nodes' entries never outlive the step
             return {slot: drafts[slot] for slot in states}
         if self.single.mode == "chain":
             tokens = self._chain(root_hidden, root_logits, committed)  # (B, K)
         else:
             tokens = self._static_tree(root_hidden, root_logits, committed)  # (B, N)
-        self.cache.lengths = list(self._committed)
         return {slot: self._draft(tokens[slot]) for slot in states}
 
     def _catch_up(self, states: dict[int, ProposerState]) -> torch.Tensor:
@@ -123,10 +120,10 @@ class BatchedEagleProposer(BatchedProposer):
             if features.shape[1] != self._feature_width:
                 raise ValueError(f"the EAGLE head reads {self._feature_width}-wide features, slot {slot} has "
                                  f"{features.shape[1]} (an EAGLE-3 head needs the batched target's set_aux_layers)")
-            start = min(self._committed[slot], self.cache.lengths[slot], need - 1)
+            start = min(self.cache.lengths[slot], need - 1)
             starts[slot], counts[slot] = start, need - start
             new_tokens[slot], new_features[slot] = tokens[start + 1: need + 1], features[start:need]  # (n,), (n, F)
-            self._committed[slot] = self.cache.lengths[slot] = need
+            self.cache.lengths[slot] = need
         width = max(counts)
         ids = torch.zeros(batch, width, dtype=torch.long, device=device)  # (B, W) padded with token 0
         feats = torch.zeros(batch, width, self._feature_width, dtype=self.head.fc.weight.dtype, device=device)  # (B, W, F)
@@ -151,7 +148,7 @@ class BatchedEagleProposer(BatchedProposer):
         offsets = torch.arange(begin, begin + width, device=self.device)  # (W,)
         slots = committed[:, None] + offsets[None, :]  # (B, W)
         positions = (committed - 1 + depth)[:, None].expand(batch, width)  # (B, W) siblings share one
-        keys = max(self._committed) + begin + width
+        keys = max(self.cache.lengths) + begin + width
         self.cache.reserve(keys)
         mask = batched_mask(committed, sees, keys)  # (B, W, K)
         hidden = self.head.step_batched(self.single.embedding(tokens), features, positions, slots, mask, self.cache.kv)
