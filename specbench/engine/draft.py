@@ -13,6 +13,7 @@ skips the validation of ``parents`` (a host read) (docs/eagle.md#host-reads-per-
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 
 import torch
@@ -59,6 +60,13 @@ class Draft:
         depths = torch.arange(tokens.numel() + 1, dtype=torch.long, device=tokens.device)  # (K + 1,) a node's index
         return cls(tokens=tokens.long(), parents=parents, draft_probs=draft_probs, precomputed_depths=depths,
                    precomputed_is_chain=True, precomputed_depth=tokens.numel())
+
+    def with_tokens(self, tokens: torch.Tensor) -> "Draft":
+        """This draft's shape over other ``(N,)`` tokens: a shallow copy sharing the precomputed shape (no
+        re-validation, nothing on the device), for a batched proposer handing every slot one template's shape."""
+        draft = copy.copy(self)
+        draft.tokens = tokens
+        return draft
 
     def __len__(self) -> int:
         return self.tokens.numel()

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 from typing import Callable
 
 import torch
@@ -56,14 +55,8 @@ class BatchedMedusaProposer(BatchedProposer):
             raise ValueError("the Medusa proposer reads each slot's last hidden state, but the decode loop passed none")
         hidden = torch.stack([states[s].hidden_state for s in slots])  # (n, H)
         tokens = self._tokens(self.medusa.head_logits(hidden))  # (n, N)
-        return {slot: self._draft(tokens[i]) for i, slot in enumerate(slots)}
+        return {slot: self._template.with_tokens(tokens[i]) for i, slot in enumerate(slots)}
 
-    def _draft(self, tokens: torch.Tensor) -> Draft:
-        """The template's shape over one slot's tokens ``(N,)``: a shallow copy (no re-validation, nothing on the
-        device), since the shape was built and checked once."""
-        draft = copy.copy(self._template)
-        draft.tokens = tokens
-        return draft
 
     def describe(self) -> dict:
         return {**self.medusa.describe(), "batching": "batched heads"}

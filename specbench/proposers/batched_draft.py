@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 
 import torch
 
@@ -98,7 +97,7 @@ class BatchedDraftModelProposer(BatchedProposer):
         tokens = torch.stack(columns, dim=1)  # (B, K)
         for slot in slots:
             self._fed[slot] = self.k - 1
-        return {slot: self._draft(tokens[slot]) for slot in slots}
+        return {slot: self._template.with_tokens(tokens[slot]) for slot in slots}
 
     def _catch_up(self, states: dict[int, ProposerState]) -> torch.Tensor:
         """Bring every active slot's draft cache to its history; returns ``(B,)`` the argmax after each history's
@@ -133,11 +132,6 @@ class BatchedDraftModelProposer(BatchedProposer):
             token[slot] = logits.argmax()
         return token
 
-    def _draft(self, tokens: torch.Tensor) -> Draft:
-        """A chain over one slot's ``(K,)`` tokens: a shallow copy of a chain built once (nothing on the device)."""
-        draft = copy.copy(self._template)
-        draft.tokens = tokens
-        return draft
 
 
 class PerSlotDraftModelProposer(PerSlotProposer):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 
 import torch
 
@@ -102,7 +101,7 @@ class BatchedEagleProposer(BatchedProposer):
             tokens = self._chain(root_hidden, root_logits, committed)  # (B, K)
         else:
             tokens = self._static_tree(root_hidden, root_logits, committed)  # (B, N)
-        return {slot: self._draft(tokens[slot]) for slot in states}
+        return {slot: self._template.with_tokens(tokens[slot]) for slot in states}
 
     def _catch_up(self, states: dict[int, ProposerState]) -> torch.Tensor:
         """One ragged forward over every slot's positions accepted since its last call (the single proposer's
@@ -225,10 +224,5 @@ class BatchedEagleProposer(BatchedProposer):
         return [Draft(tokens=ids[b], parents=parents[b], precomputed_depths=depths[b], precomputed_tree_mask=masks[b],
                       precomputed_is_chain=chain, precomputed_depth=total if k == 1 else None) for b in range(batch)]
 
-    def _draft(self, tokens: torch.Tensor) -> Draft:
-        """The template's shape over one slot's ``(N,)`` tokens: a shallow copy (nothing on the device)."""
-        draft = copy.copy(self._template)
-        draft.tokens = tokens
-        return draft
 
 
