@@ -21,7 +21,7 @@ from specbench.gating.curves import curve_name
 from specbench.metrics import aggregate
 from specbench.run_parts import (RunResult, _request_record, build_proposer, generation_config, load_prompt_ids,
                                  load_target, lossless_report)
-from specbench.speed import measurement_flags, prediction_error, repeat_record, speed_over_repeats
+from specbench.speed import measurement_flags, repeat_record, speed_over_repeats
 
 SWEEP_SCHEMA_VERSION = 1
 # what a repeat record of a batched run adds to repeat_record's; each becomes the median metric of the run
@@ -87,14 +87,10 @@ def batch_repeat_record(repeat: int, records: list[dict], spec: list, spec_s: fl
     return record
 
 
-def batch_metrics(case: Case, repeats: list[dict], spec: list, peak: int | None) -> dict:
-    """The batch figures of a run: medians over repeats of BATCH_REPEAT_METRICS, the mean wait for a slot, peak memory."""
-    import statistics
-
+def batch_metrics(case: Case, spec: list, peak: int | None) -> dict:
+    """The batch figures of a run beside its medians over repeats: the batch size, the mean wait for a slot, peak
+    memory."""
     out: dict = {"batch_size": case.batch_size}
-    for name in BATCH_REPEAT_METRICS:
-        values = [r[name] for r in repeats if math.isfinite(r[name])]
-        out[name] = statistics.median(values) if values else math.nan
     out["queue_s"] = sum(r.queue_s for r in spec) / len(spec) if spec else math.nan
     out["peak_memory_bytes"] = peak
     return out
@@ -146,10 +142,10 @@ def run_batched_case(case: Case, *, progress: bool = True, target=None, tokenize
     plain, spec, stats = first
 
     metrics = aggregate([r.counters for r in spec], [r.timing for r in spec])
-    metrics.update(speed_over_repeats(repeats))
+    # the medians, BATCH_REPEAT_METRICS among them; the prediction checked against the batch speedup
+    metrics.update(speed_over_repeats(repeats, BATCH_REPEAT_METRICS, measured="batch_speedup"))
     peak = max((p for p in peaks if p is not None), default=None)
-    metrics.update(batch_metrics(case, repeats, spec, peak))
-    metrics["speedup_prediction_error"] = prediction_error(metrics, "batch_speedup")
+    metrics.update(batch_metrics(case, spec, peak))
     correctness = lossless_report([r.output_token_ids for r in plain], [r.output_token_ids for r in spec],
                                   checked=config.sampling.rule == "greedy")
     details = {

@@ -64,16 +64,16 @@ def repeat_record(repeat: int, requests: list[dict], costs) -> dict:
     }
 
 
-def speed_over_repeats(repeats: list[dict]) -> dict:
-    """The run's speed metrics: the median of each REPEAT_METRICS figure over ``repeats``, and the relative
-    error of the measured decode-phase speedup against the predicted one."""
+def speed_over_repeats(repeats: list[dict], extra: tuple[str, ...] = (), measured: str = "decode_speedup") -> dict:
+    """The run's speed metrics: the median of each REPEAT_METRICS figure (and of ``extra`` ones) over ``repeats``,
+    and the relative error of the ``measured`` speedup (MEASURED_SPEEDUPS) against the predicted one."""
     out: dict = {"num_repeats": len(repeats)}
-    for name in REPEAT_METRICS:
+    for name in REPEAT_METRICS + tuple(extra):
         values = _finite(r.get(name) for r in repeats)
         out[name] = statistics.median(values) if values else math.nan
     step = _finite(r.get("t1_s") for r in repeats)
     out["step_latency_s"] = statistics.median(step) if step else math.nan  # T(1): docs/metrics.md#step-costs
-    out["speedup_prediction_error"] = prediction_error(out)
+    out["speedup_prediction_error"] = prediction_error(out, measured)
     return out
 
 

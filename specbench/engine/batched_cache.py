@@ -7,7 +7,6 @@ import os
 import torch
 
 
-
 def cache_bytes(batch_size: int, num_layers: int, num_kv_heads: int, capacity: int, head_dim: int, dtype: torch.dtype) -> int:
     """Bytes of a batched static cache: B x layers x 2 (K, V) x kv_heads x head_dim x capacity x dtype bytes."""
     return batch_size * num_layers * 2 * num_kv_heads * head_dim * capacity * torch.empty((), dtype=dtype).element_size()

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import torch
 
 from specbench.engine.batched_proposers import BatchedProposer
-from specbench.engine.batched_inputs import SlotInput
+from specbench.engine.batched_inputs import SlotInput, slot_input
 from specbench.engine.batched_target import BatchedStaticTarget
 from specbench.engine.batched_verification import BatchVerdict, read_step, verify_batch_greedy as verify_batch
 from specbench.engine.decode import GenerationConfig, GenerationResult, _synchronize, verify_step
@@ -127,35 +127,6 @@ def _write_rows(buffer: torch.Tensor, start: torch.Tensor, values: torch.Tensor,
     buffer.scatter_(1, index, torch.where(live, values, buffer.gather(1, index)))
 
 
-def _deepest_nodes(ancestors: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
-    """(B,) each slot's deepest real node, from the step's ancestor rows ``(B, W, W)`` and real node counts ``(B,)``
-    (padded rows left out: a chain step's padding sees the rows before it)."""
-    index = torch.arange(ancestors.shape[1], device=ancestors.device)  # (W,)
-    depth = ancestors.sum(dim=-1) - 1  # (B, W) ancestors and itself, less itself
-    return (depth * (index[None, :] < counts[:, None])).amax(dim=-1)  # (B,)
-
-
-def slot_input(root: int, draft: Draft, device: torch.device, read_depths=None) -> SlotInput:
-    """Slot input ``[root, *draft]``: the root is host-known; a draft on ``device`` (Medusa, EAGLE, n-gram) goes as
-    the input's device-held tail, one held on the host for a GPU target (scripted) is packed on the host. Chain
-    depths are ``0..N`` without reading the draft; a tree drafted anew on the device (EAGLE-2) keeps its depths
-    there; a static tree's ``(N + 1,)`` depths go through ``read_depths`` (default: read them; the decoder reads
-    each tree once)."""
-    if not len(draft):
-        return SlotInput([root], [0])
-    on_host = draft.tokens.device != device  # host-held (a CPU tensor): the whole input is host-known
-    if draft.is_chain:
-        depths = list(range(len(draft) + 1))
-    elif draft.precomputed_depth is None and not on_host:
-        depths = draft.depths()  # (N + 1,) on the device
-    else:
-        depths = (read_depths or torch.Tensor.tolist)(draft.depths())
-    mask = None if draft.is_chain else draft.tree_mask()  # (N + 1, N + 1) or None
-    if on_host:
-        return SlotInput([root, *draft.tokens.tolist()], depths, mask)
-    return SlotInput([root], depths, mask, tail=draft.tokens)
-
-
 class BatchedDecoder:
     """Generate every prompt of a queue with ``target``'s B slots, drafting with ``proposer`` (None = plain)."""
 
@@ -250,8 +221,11 @@ class BatchedDecoder:
         for seed in seeds:
             generators.append(torch.Generator(device=device))
             generators[-1].manual_seed(seed)
-        firsts = [verify(_EMPTY_DRAFT, out.logits, self.config.sampling, g).next_token
-                  for out, g in zip(prefills, generators)]
+        if verifies_greedily(self.config.sampling):  # every first token in one read
+            firsts = torch.cat([out.logits for out in prefills]).argmax(dim=-1).tolist()  # (n,)
+        else:
+            firsts = [verify(_EMPTY_DRAFT, out.logits, self.config.sampling, g).next_token
+                      for out, g in zip(prefills, generators)]
         _synchronize(device)
         first_token_s = time.perf_counter() - admitted_at
         self.stats.admission_s += first_token_s
@@ -285,7 +259,7 @@ class BatchedDecoder:
         if verifies_greedily(self.config.sampling):
             step = self.target.verified_step()  # ids (B, W), ancestors (B, W, W), counts (B,) on the device
             verdict = verify_batch(step.ids, out.logits, step.ancestors, step.counts, chain=step.chain)
-            depths = _deepest_nodes(step.ancestors, step.counts) if unknown else None  # (B,)
+            depths = step.depths.amax(dim=1) if unknown else None  # (B,) each slot's deepest node (padding: 0)
             readback = read_step(verdict, depths)  # the step's one device-to-host transfer, waited for below
             emitted = readback.tokens
         else:

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
+from specbench.engine.draft import Draft
 from specbench.engine.transfers import host_to_device
 
 
@@ -26,6 +27,27 @@ class SlotInput:
         return len(self.ids) + (0 if self.tail is None else self.tail.numel())
 
 
+def slot_input(root: int, draft: Draft, device: torch.device, read_depths=None) -> SlotInput:
+    """Slot input ``[root, *draft]``: the root is host-known; a draft on ``device`` (Medusa, EAGLE, n-gram) goes as
+    the input's device-held tail, one held on the host for a GPU target (scripted) is packed on the host. Chain
+    depths are ``0..N`` without reading the draft; a tree drafted anew on the device (EAGLE-2) keeps its depths
+    there; a static tree's ``(N + 1,)`` depths go through ``read_depths`` (default: read them; the decoder reads
+    each tree once)."""
+    if not len(draft):
+        return SlotInput([root], [0])
+    on_host = draft.tokens.device != device  # host-held (a CPU tensor): the whole input is host-known
+    if draft.is_chain:
+        depths = list(range(len(draft) + 1))
+    elif draft.precomputed_depth is None and not on_host:
+        depths = draft.depths()  # (N + 1,) on the device
+    else:
+        depths = (read_depths or torch.Tensor.tolist)(draft.depths())
+    mask = None if draft.is_chain else draft.tree_mask()  # (N + 1, N + 1) or None
+    if on_host:
+        return SlotInput([root, *draft.tokens.tolist()], depths, mask)
+    return SlotInput([root], depths, mask, tail=draft.tokens)
+
+
 @dataclass
 class VerifiedStep:
     """The last verify's inputs on the device, valid until the next verify (what greedy verification reads)."""
@@ -33,6 +55,7 @@ class VerifiedStep:
     ids: torch.Tensor  # (B, W) int64 row b's first counts[b] are [root, *draft]
     ancestors: torch.Tensor  # (B, W, W) bool row i: node i and its ancestors (chains: causal; padded rows: at least self)
     counts: torch.Tensor  # (B,) int64 real nodes per slot, 0 for idle slots
+    depths: torch.Tensor  # (B, W) int64 each real node's depth (root 0), padding and idle slots 0
     chain: bool  # a plain or chain step: every slot's input is a chain (its ancestor rows are causal)
 
 

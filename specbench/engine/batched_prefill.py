@@ -16,6 +16,7 @@ import torch
 
 from specbench.engine.batched_cache import BatchedKVCache
 from specbench.engine.target import TargetOutput
+from specbench.engine.transfers import host_to_device
 
 DEFAULT_TOKEN_BUDGET = 8192  # padded prompt tokens per prefill forward: a 7B's scratch cache is then 4 GiB in bf16
 
@@ -50,7 +51,8 @@ def prefill_group(module, cache: BatchedKVCache, slots: list[int], prompts: list
     n, width = len(prompts), max(lengths)
     device = cache.kv.device
     layers, _, _, kv_heads, _, head_dim = cache.kv.shape
-    scratch = torch.zeros(layers, 2, n, kv_heads, width, head_dim, dtype=cache.kv.dtype, device=device)  # (L, 2, n, KVH, T, D)
+    # (L, 2, n, KVH, T, D): every entry a row attends to is written by the forward first
+    scratch = torch.empty(layers, 2, n, kv_heads, width, head_dim, dtype=cache.kv.dtype, device=device)
     ids = torch.zeros(n, width, dtype=torch.long, device=device)  # (n, T) padded with token 0
     for row, prompt in enumerate(prompts):
         ids[row, : lengths[row]] = prompt
@@ -61,7 +63,7 @@ def prefill_group(module, cache: BatchedKVCache, slots: list[int], prompts: list
                          aux_layers=aux_layers)  # (n * T, H), (n * T, A * H) or None
     hidden = hidden.view(n, width, -1)  # (n, T, H)
     aux = None if aux is None else aux.view(n, width, -1)  # (n, T, A * H)
-    last = torch.tensor([t - 1 for t in lengths], device=device)  # (n,)
+    last = host_to_device([t - 1 for t in lengths], device)  # (n,)
     logits = module.logits(hidden[torch.arange(n, device=device), last])  # (n, V)
     outputs = []
     for row, (slot, length) in enumerate(zip(slots, lengths)):

@@ -20,7 +20,7 @@ import torch
 from specbench.engine.batched_cache import BatchedKVCache, check_cache_fits
 from specbench.engine.batched_inputs import SlotInput, VerifiedStep, BatchBuffers, scatter_rows, step_kind
 from specbench.engine.batched_prefill import DEFAULT_TOKEN_BUDGET, prefill_group, split_group
-from specbench.engine.transfers import host_to_device
+from specbench.engine.transfers import host_to_device, tensor_to_device
 from specbench.engine.graph_capture import GraphBackend, StepGraphs
 from specbench.engine.prefill_graphs import CapturedPrefill
 from specbench.engine.static_llama import StaticLlamaForCausalLM
@@ -235,13 +235,13 @@ class BatchedStaticTarget:
         return self.verified_step().ids
 
     def verified_step(self) -> VerifiedStep:
-        """The last verify's ids, ancestor masks and node counts on the device (the counts in one async copy)."""
+        """The last verify's ids, ancestor masks, node counts and depths on the device (the counts in one async copy)."""
         if self._last_step is None:
             raise ValueError("verified_step before any verify")
         kind, buffers, counts = self._last_step
         if self._device_counts is None or self._device_counts[0] != counts:  # steady steps: the same counts
             self._device_counts = (counts, host_to_device(counts, self.device))  # (B,)
-        return VerifiedStep(buffers.ids, buffers.tree, self._device_counts[1], chain=kind != "tree")
+        return VerifiedStep(buffers.ids, buffers.tree, self._device_counts[1], buffers.depths, chain=kind != "tree")
 
     def _width_for(self, kind: str, n: int) -> int:
         """The kind's fixed width: reserved, or set by its first step; a wider step widens it (a second shape)."""
@@ -303,8 +303,10 @@ class BatchedStaticTarget:
                 continue
             row = buffers.tree[slot]  # (W, W)
             row.zero_().diagonal().fill_(True)  # padded rows: themselves only
-            mask = x.tree_mask if x.tree_mask is not None else torch.ones(n, n, dtype=torch.bool).tril_()  # (N, N)
-            row[:n, :n].copy_(mask, non_blocking=True)  # a host mask is staged at once: safe to drop after
+            if x.tree_mask is None:  # a chain slot in a tree step
+                row[:n, :n].fill_(True).tril_()  # (N, N) causal
+            else:  # a host-held mask goes up pinned and asynchronously (a pageable copy would wait for the stream)
+                row[:n, :n].copy_(tensor_to_device(x.tree_mask, self.device))
             buffers.tree_rows[slot] = (x.tree_mask, n)
 
     @torch.inference_mode()

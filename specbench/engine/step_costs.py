@@ -18,8 +18,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from specbench.engine.batched_proposers import BatchedProposer
-from specbench.engine.batched_decode import slot_input
-from specbench.engine.batched_inputs import SlotInput
+from specbench.engine.batched_inputs import SlotInput, slot_input
 from specbench.engine.batched_target import BatchedStaticTarget
 from specbench.engine.draft import Draft
 from specbench.engine.proposer import Proposer, ProposerState
