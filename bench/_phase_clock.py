@@ -1,4 +1,4 @@
-"""Wall time per named phase of a decode loop, for the bench/profile_*.py scripts (device synchronised around each call)."""
+"""Wall time per named phase of a decode loop for the bench/profile_*.py scripts, and the device sync every bench script shares."""
 
 from __future__ import annotations
 

@@ -15,8 +15,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from speed_7b import MEDUSA_PROFILE, sync  # noqa: E402
+from _phase_clock import sync  # noqa: E402
+from speed_7b import MEDUSA_PROFILE  # noqa: E402
 from specbench.atomic_write import write_text_atomic  # noqa: E402
+from specbench.cli.arguments import list_argument_type  # noqa: E402
 from specbench.checkpoints.tiny import tiny_llama  # noqa: E402
 from specbench.engine.batched_decode import BatchedDecoder  # noqa: E402
 from specbench.engine.batched_proposers import BatchedProposer  # noqa: E402
@@ -201,16 +203,6 @@ def _num(value, width: int, digits: int, scale: float = 1.0) -> str:
     return f"{'n/a':>{width}}" if value is None else f"{value * scale:{width}.{digits}f}"
 
 
-def parse_sizes(text: str) -> list[int]:
-    try:
-        sizes = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        sizes = []
-    if not sizes or any(b < 1 for b in sizes) or len(set(sizes)) != len(sizes):
-        raise argparse.ArgumentTypeError(f"--batch-sizes {text!r}: expected distinct integers >= 1, e.g. 1,2,4,8")
-    return sorted(sizes)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("out_dir", help="where batch_curve.json is written (atomically)")
@@ -218,14 +210,15 @@ def main(argv: list[str] | None = None) -> int:
     source.add_argument("--synth-dir", help="`specbench zoo synth DIR` output (its target/ is loaded, bf16)")
     source.add_argument("--tiny", action="store_true", help="a seeded tiny random Llama in fp32 instead (smoke test)")
     parser.add_argument("--device", default="cuda")
-    parser.add_argument("--batch-sizes", type=parse_sizes, default=parse_sizes("1,2,4,8,16,32"),
-                        help="comma-separated batch sizes (default 1,2,4,8,16,32)")
+    parser.add_argument("--batch-sizes", type=list_argument_type("batch_size"), default="1,2,4,8,16,32",
+                        help="comma-separated distinct batch sizes >= 1 (default 1,2,4,8,16,32), run smallest first")
     parser.add_argument("--rounds", type=int, default=2, help="requests per slot: B x rounds prompts at batch size B")
     parser.add_argument("--prompt-len", type=int, default=128)
     parser.add_argument("--new-tokens", type=int, default=128, help="max_new_tokens of every request (EOS ignored)")
     parser.add_argument("-k", "--k", type=int, default=3, help="draft tokens per step of the oracle and the profile")
     parser.add_argument("--repeats", type=int, default=1, help="timed runs per point; the median by wall time is kept")
     args = parser.parse_args(argv)
+    args.batch_sizes = sorted(args.batch_sizes)
     if args.rounds < 1 or args.repeats < 1 or args.k < 1 or args.new_tokens < 2 or args.prompt_len < 1:
         parser.error("--rounds, --repeats, -k and --prompt-len must be >= 1 and --new-tokens >= 2")
 
@@ -259,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"-- B={batch} done", flush=True)
         if device.type == "cuda":
             torch.cuda.empty_cache()
-    first = prompts[: min(args.batch_sizes) * args.rounds] if 1 not in args.batch_sizes else prompts[: args.rounds]
+    first = prompts[: min(args.batch_sizes) * args.rounds]  # the smallest point's requests (B = 1's when it ran)
     report["single_sequence_batch_1"] = measure_single(static, first, truths, args, config)
     report["summary"] = summary(report)
     report["table"] = table(report)

@@ -25,6 +25,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _phase_clock import PhaseClock  # noqa: E402
 
+from specbench.atomic_write import write_text_atomic  # noqa: E402
+from specbench.cli.arguments import list_argument_type  # noqa: E402
 from specbench.engine import batched_decode  # noqa: E402
 from specbench.engine.batched_decode import BatchedDecoder  # noqa: E402
 from specbench.engine.batched_target import BatchedStaticTarget  # noqa: E402
@@ -100,12 +102,14 @@ def profile(static, heads, run: str, batch: int, args) -> dict:
     decoder = BatchedDecoder(target, for_batch(proposer_for(run, static, heads), batch), config)
     clock = PhaseClock(static.device)
     undo = instrument(clock, decoder)
-    start = time.perf_counter()
-    decoder.generate_all(prompts)
-    total = time.perf_counter() - start
-    for owner, attribute, original, restore in undo:
-        if restore:
-            setattr(owner, attribute, original)
+    try:
+        start = time.perf_counter()
+        decoder.generate_all(prompts)
+        total = time.perf_counter() - start
+    finally:  # a failed run leaves no class wrapped for the next one
+        for owner, attribute, original, restore in undo:
+            if restore:
+                setattr(owner, attribute, original)
     steps = decoder.stats.num_steps
     inner = sum(s for n, s in clock.seconds.items() if n not in ("step", "refill", "finish"))
     per_step = {n: s / steps * 1e3 for n, s in clock.seconds.items()}
@@ -115,7 +119,8 @@ def profile(static, heads, run: str, batch: int, args) -> dict:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--batch-sizes", default="1,8,32", help="comma-separated B values")
+    parser.add_argument("--batch-sizes", type=list_argument_type("batch_size"), default="1,8,32",
+                        help="comma-separated distinct B values >= 1 (default 1,8,32)")
     parser.add_argument("--runs", default="plain,medusa-chain,medusa-tree", help="plain, medusa-chain, medusa-tree")
     parser.add_argument("--new-tokens", type=int, default=32)
     parser.add_argument("--device", default="cpu")
@@ -130,7 +135,7 @@ def main(argv=None) -> int:
     heads = tiny_heads(args.hidden, args.vocab, args.device)
     rows = []
     for run in args.runs.split(","):
-        for batch in (int(b) for b in args.batch_sizes.split(",")):
+        for batch in args.batch_sizes:
             runs = [profile(static, heads, run, batch, args) for _ in range(args.repeats)]
             row = {**runs[0], "ms_per_step": {name: min(r["ms_per_step"][name] for r in runs) for name in runs[0]["ms_per_step"]}}
             rows.append(row)
@@ -138,7 +143,7 @@ def main(argv=None) -> int:
             print(f"{run:13} B={batch:<3} {row['steps']:4} steps  " +
                   "  ".join(f"{name} {ms:.3f}" for name, ms in phases) + "  (ms/step)")
     if args.json:
-        Path(args.json).write_text(json.dumps(rows, indent=1), encoding="utf-8")
+        write_text_atomic(Path(args.json), json.dumps(rows, indent=1))
     return 0
 
 

@@ -25,6 +25,9 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _phase_clock import sync  # noqa: E402
 
 from specbench.checkpoints.resolve import load_target_model  # noqa: E402
 from specbench.engine.decode import Decoder, GenerationConfig  # noqa: E402
@@ -40,11 +43,6 @@ MEDUSA_PROFILE = (0.56, 0.32, 0.20, 0.15, 0.12)
 # bench engine name -> StaticTarget(compile=...)
 STATIC_ENGINES = {"static": True, "static-unfused": False}
 RATE_KEYS = ("tokens_per_s", "decode_tokens_per_s", "time_to_first_token_s", "mean_acceptance_length")
-
-
-def sync(device):
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def copy_bandwidth(device, gib: float = 4.0, reps: int = 10) -> float:

@@ -15,7 +15,7 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
-from specbench.env import gpu_name, nvidia_selector, nvml_query
+from specbench.env import gpu_name, hardware_class, nvidia_selector, nvml_query
 
 # NVLink SHARP (multicast) stays off in everything specbench launches: it reserves memory on every GPU and
 # is not available on every lent machine, so a run that used it would not be comparable
@@ -213,8 +213,6 @@ def _device_name(device: torch.device) -> str:
 def _hardware_class(names: list, world_size: int, cuda: bool) -> str:
     """"cpu" or the GPU model, prefixed with the GPU count when more than one takes part ("2x NVIDIA H200").
     CPU ranks stay "cpu" at any world size: they share one host's cores, as a single-process CPU run does."""
-    from specbench.env import hardware_class
-
     gpu = names[0] if cuda and names and all(n == names[0] for n in names) else None
     single = hardware_class(gpu) if gpu else ("mixed GPUs" if cuda else "cpu")
     return single if world_size == 1 or single == "cpu" else f"{world_size}x {single}"
