@@ -49,11 +49,16 @@ def read_eagle3_config(file: Path) -> Eagle3Config:
             f"{file}: target_hidden_size = {target_hidden!r} differs from hidden_size = {base.hidden_size}; heads whose "
             "fc reads a target of another width are not supported"
         )
-    aux = raw.get("eagle_config") or {}
-    if isinstance(aux, dict) and aux.get("use_aux_hidden_state", True) is not True:
-        raise Eagle3CheckpointError(f"{file}: eagle_config.use_aux_hidden_state = {aux['use_aux_hidden_state']!r}; an "
-                                    "EAGLE-3 head fuses three target layers through fc")
+    check_aux_flag(raw, f"{file}: ")
     return Eagle3Config.from_eagle(base, draft_vocab, config_field(raw, "norm_before_residual", f"{file}: ", bool, False))
+
+
+def check_aux_flag(conf: dict, prefix: str) -> None:
+    """Refuse a config whose ``eagle_config.use_aux_hidden_state`` is set and not true (``prefix`` names where)."""
+    aux = conf.get("eagle_config") or {}
+    if isinstance(aux, dict) and aux.get("use_aux_hidden_state", True) is not True:
+        raise Eagle3CheckpointError(f"{prefix}eagle_config.use_aux_hidden_state = {aux['use_aux_hidden_state']!r}; an "
+                                    "EAGLE-3 head fuses three target layers through fc")
 
 
 def expected_shapes3(config: Eagle3Config, layout: str = "safeailab") -> dict[str, tuple[int, ...]]:

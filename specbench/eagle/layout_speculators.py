@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from specbench.eagle.checkpoint import _rope, config_field
-from specbench.eagle.checkpoint3 import Eagle3CheckpointError
+from specbench.eagle.checkpoint3 import Eagle3CheckpointError, check_aux_flag
 from specbench.eagle.eagle3 import NUM_AUX_LAYERS, Eagle3Config, eagle3_aux_layers
 from specbench.engine.static_llama import UnsupportedModel
 
@@ -79,11 +79,8 @@ def read_speculators_config(file: Path, raw: dict, target_num_layers: int | None
         if raw.get(name, False) is not False:
             raise Eagle3CheckpointError(f"{top}{name} = {raw[name]!r}; Eagle3Head has no such norm (an EAGLE-3.1 head): "
                                         "only heads with it false or absent load")
-    for scope, conf, prefix in (("", raw, top), ("transformer_layer_config.", layer, where)):
-        aux = conf.get("eagle_config", {}) or {}
-        if isinstance(aux, dict) and aux.get("use_aux_hidden_state", True) is not True:
-            raise Eagle3CheckpointError(f"{prefix}eagle_config.use_aux_hidden_state = {aux['use_aux_hidden_state']!r}; "
-                                        "an EAGLE-3 head fuses three target layers through fc")
+    for conf, prefix in ((raw, top), (layer, where)):
+        check_aux_flag(conf, prefix)
     hidden, heads = _get(layer, "hidden_size", where, int), _get(layer, "num_attention_heads", where, int)
     kv_heads = _get(layer, "num_key_value_heads", where, int, heads)
     if hidden % heads or heads % kv_heads:

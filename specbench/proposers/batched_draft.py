@@ -111,7 +111,7 @@ class BatchedDraftModelProposer(BatchedProposer):
             if anchor == 0 or anchor > length:  # a new request (or a shorter history): start over
                 prefilled[slot] = target.prefill(slot, state.token_ids).logits[-1]  # (V,)
             else:
-                keep = min(anchor + min(self._fed[slot], length - 1 - anchor), length - 1)  # always re-feed the last
+                keep = anchor + min(self._fed[slot], length - 1 - anchor)  # at most length - 1: re-feed the last
                 if keep != target.cache_length(slot):
                     truncate[slot] = keep
                 new = state.token_ids[keep:]  # (n,) n >= 1, device-held

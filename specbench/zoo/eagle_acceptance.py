@@ -38,12 +38,13 @@ def measure_acceptance(directory: Path, model, prompts: list[list[int]], max_new
         target = HFTarget(model)
         proposer = create_proposer(proposer_name, target, path=str(directory / head_dir), **options)
         total, outputs, wall = _decode_all(Decoder(target, proposer, generation), prompts, name, progress)
+        tokens = sum(map(len, outputs))
         results[name] = {
             "proposer": proposer.describe(), "acceptance_rate": total.acceptance_rate,
             "mean_acceptance_length": total.mean_acceptance_length,
             "per_position_acceptance_rate": total.per_position_acceptance_rate, "num_drafts": total.num_drafts,
             "num_draft_tokens": total.num_draft_tokens, "num_accepted_tokens": total.num_accepted_tokens,
-            "num_output_tokens": sum(map(len, outputs)), "outputs_match_plain": outputs == plain, "wall_s": wall,
-            "tokens_per_s": sum(map(len, outputs)) / wall,
+            "num_output_tokens": tokens, "outputs_match_plain": outputs == plain, "wall_s": wall,
+            "tokens_per_s": tokens / wall,
         }
     return results
