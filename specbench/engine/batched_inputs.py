@@ -92,11 +92,11 @@ def step_kind(inputs: list[SlotInput | None]) -> str:
 
 
 def scatter_rows(buffer: torch.Tensor, parts: list[tuple[int, int, torch.Tensor]], device: torch.device) -> None:
-    """``buffer[slot, start:start + M] = values`` ``(M,)`` for every (slot, start, values) of ``parts``, device-held,
-    in one indexed write."""
+    """``buffer[slot, start:start + M] = values`` ``(M, ...)`` for every (slot, start, values) of ``parts``,
+    device-held, in one indexed write (``buffer`` ``(B, W, ...)``)."""
     if not parts:
         return
-    rows = [slot for slot, _, values in parts for _ in range(values.numel())]  # (T,)
-    cols = [start + i for _, start, values in parts for i in range(values.numel())]  # (T,)
+    rows = [slot for slot, _, values in parts for _ in range(values.shape[0])]  # (T,)
+    cols = [start + i for _, start, values in parts for i in range(values.shape[0])]  # (T,)
     index = host_to_device([rows, cols], device)  # (2, T)
-    buffer[index[0], index[1]] = torch.cat([values for _, _, values in parts]).to(buffer.dtype)  # (T,)
+    buffer[index[0], index[1]] = torch.cat([values for _, _, values in parts]).to(buffer.dtype)  # (T, ...)

@@ -8,6 +8,7 @@ import torch
 from specbench.eagle.draft_head import BatchedDraftKVCache
 from specbench.eagle.eagle3 import Eagle3Head
 from specbench.engine.batched_proposers import BatchedProposer
+from specbench.engine.batched_inputs import scatter_rows
 from specbench.engine.draft import Draft, ancestor_mask
 from specbench.engine.proposer import ProposerState
 from specbench.engine.transfers import host_to_device
@@ -95,8 +96,7 @@ class BatchedEagleProposer(BatchedProposer):
         root_logits = self.single._logits(root_hidden)  # (B, V) predicts depth 1
         committed = host_to_device(self.cache.lengths, self.device)  # (B,) the draft nodes go after, never committed
         if self.single.mode == "dynamic":
-            drafts = self._dynamic_tree(root_hidden, root_logits, committed)
-            return {slot: drafts[slot] for slot in states}
+            return self._dynamic_tree(root_hidden, root_logits, committed, list(states))
         if self.single.mode == "chain":
             tokens = self._chain(root_hidden, root_logits, committed)  # (B, K)
         else:
@@ -126,9 +126,8 @@ class BatchedEagleProposer(BatchedProposer):
         width = max(counts)
         ids = torch.zeros(batch, width, dtype=torch.long, device=device)  # (B, W) padded with token 0
         feats = torch.zeros(batch, width, self._feature_width, dtype=self.head.fc.weight.dtype, device=device)  # (B, W, F)
-        for slot in states:
-            ids[slot, : counts[slot]] = new_tokens[slot]
-            feats[slot, : counts[slot]] = new_features[slot]
+        scatter_rows(ids, [(slot, 0, new_tokens[slot]) for slot in states], device)  # one indexed write each
+        scatter_rows(feats, [(slot, 0, new_features[slot]) for slot in states], device)
         start = host_to_device(starts, device)  # (B,)
         slots = start[:, None] + torch.arange(width, device=device)[None, :]  # (B, W) rotary position = cache entry
         causal = torch.ones(width, width, dtype=torch.bool, device=device).tril_()  # (W, W)
@@ -181,10 +180,11 @@ class BatchedEagleProposer(BatchedProposer):
             table[:, 1 + begin: 1 + end] = logits.topk(k, dim=-1).indices  # (B, W, k)
         return table.view(batch, -1)[:, plan.candidates]  # (B, N)
 
-    def _dynamic_tree(self, root_hidden, root_logits, committed) -> list[Draft]:
+    def _dynamic_tree(self, root_hidden, root_logits, committed, slots: list[int]) -> dict[int, Draft]:
         """``draft_dynamic_tree`` for all slots (EAGLE-2): each slot's own frontier (its top_k best nodes by
         cumulative draft log-probability) expanded one level per forward, then its ``total_tokens`` best
-        candidates kept (``select_nodes`` row by row); one draft per slot, its shape built on the device."""
+        candidates kept (``select_nodes`` row by row); a draft per active slot in ``slots``, its shape built on the
+        device."""
         single, device = self.single, self.device
         batch, k, total, depth = self.batch_size, single.top_k, single.total_tokens, single.depth
         scores, tokens = torch.log_softmax(root_logits.float(), dim=-1).topk(k, dim=-1)  # (B, k) each
@@ -221,8 +221,8 @@ class BatchedEagleProposer(BatchedProposer):
         masks = ancestor_mask(parents, depth)  # (B, N + 1, N + 1)
         ids = torch.cat(all_tokens, dim=1).gather(1, keep)  # (B, N)
         chain = True if k == 1 else (False if total > depth else None)  # as draft_dynamic_tree
-        return [Draft(tokens=ids[b], parents=parents[b], precomputed_depths=depths[b], precomputed_tree_mask=masks[b],
-                      precomputed_is_chain=chain, precomputed_depth=total if k == 1 else None) for b in range(batch)]
+        return {b: Draft(tokens=ids[b], parents=parents[b], precomputed_depths=depths[b], precomputed_tree_mask=masks[b],
+                         precomputed_is_chain=chain, precomputed_depth=total if k == 1 else None) for b in slots}
 
 
 
