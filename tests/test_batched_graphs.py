@@ -196,3 +196,5 @@ def test_cuda_captured_batched_engine_equals_eager_batched_and_single_sequence(c
             assert_each_request_as_alone(got, alone)
             assert graphed.graphs.captured and all(n == 1 for n in graphed.graphs.captures.values()), label
             assert graphed.capture_seconds > 0
+            if batch_size == 1:  # every admission is one prompt: each replays its bucket's prefill graph
+                assert sum(graphed.prefill_graphs.graphs.replays.values()) >= len(prompts), label

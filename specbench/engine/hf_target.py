@@ -83,6 +83,9 @@ class HFTarget:
     def reserve(self, num_tokens: int, max_draft_tokens: int = 0) -> None:
         """Nothing to size: the dynamic cache grows with the request."""
 
+    def prepare_prefills(self, lengths) -> None:
+        """Nothing to capture: transformers' own forward runs each prefill."""
+
     def truncate(self, length: int) -> None:
         """Drop committed cache entries beyond ``length`` (benchmarks re-verify from one cache state)."""
         excess = self.cache_length - length

@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 
 from specbench.engine.graph_capture import GraphBackend, StepGraphs
+from specbench.engine.prefill_graphs import CapturedPrefill
 from specbench.engine.static_cache import StaticKVCache
 from specbench.engine.static_llama import EAGER_HINT, SUPPORTED_MODEL_TYPES, LlamaShape, StaticLlamaForCausalLM, UnsupportedModel
 from specbench.engine.static_ops import EAGER_OPS, compiled_ops
@@ -56,6 +57,7 @@ class StaticTarget:
     def __init__(
         self, module: StaticLlamaForCausalLM, config, *, max_context: int | None = None, source: str = "model",
         cuda_graphs: bool = True, compile: bool | None = None, graph_backend: GraphBackend | None = None,
+        prefill_graphs: bool = True,
     ):
         shape = module.shape
         window = shape.sliding_window
@@ -84,6 +86,9 @@ class StaticTarget:
         # (engine/graph_capture.py; ``graph_backend`` replaces CUDA's capture, e.g. a test's stand-in on the CPU)
         self._graphs = StepGraphs.for_device(self.device, cuda_graphs, graph_backend)
         self.cuda_graphs = self._graphs.enabled
+        # the prompt's prefill replayed per padded width on CUDA (engine/prefill_graphs.py): eagerly a 7B prefill is
+        # ~1,000 launches (16-25 ms on an H200 whatever the prompt length); its own graphs and pool
+        self.prefill_graphs = CapturedPrefill(module, StepGraphs.for_device(self.device, self.cuda_graphs and prefill_graphs))
         # A graph replays every kernel the forward launches, and spelled out in eager PyTorch a Llama layer
         # runs ~25 small ones around its four matmuls: on a 7B step they cost ~40% of the weight reads
         # (H200, docs/engines.md). compile fuses each pointwise stage into one kernel (static_ops); the
@@ -94,8 +99,8 @@ class StaticTarget:
 
     @property
     def capture_seconds(self) -> float:
-        """Warm-up + capture time of the step graphs, reported apart from decoding speed."""
-        return self._graphs.capture_seconds
+        """Warm-up + capture time of the step graphs and the prefill graphs, reported apart from decoding speed."""
+        return self._graphs.capture_seconds + self.prefill_graphs.graphs.capture_seconds
 
     @property
     def _captured(self) -> dict:
@@ -104,7 +109,8 @@ class StaticTarget:
 
     @classmethod
     def from_hf_model(
-        cls, model, max_context: int | None = None, *, cuda_graphs: bool = True, compile: bool | None = None
+        cls, model, max_context: int | None = None, *, cuda_graphs: bool = True, compile: bool | None = None,
+        prefill_graphs: bool = True,
     ) -> "StaticTarget":
         """Over a transformers ``LlamaForCausalLM`` / ``MistralForCausalLM`` / ``Qwen2ForCausalLM``: its weights are
         shared, except q/k/v and gate/up, which are fused into new tensors."""
@@ -114,12 +120,12 @@ class StaticTarget:
             shape, model.state_dict(), dtype=param.dtype, device=param.device, source=type(model).__name__
         )
         return cls(module, model.config, max_context=max_context, source=type(model).__name__, cuda_graphs=cuda_graphs,
-                   compile=compile)
+                   compile=compile, prefill_graphs=prefill_graphs)
 
     @classmethod
     def from_pretrained(
         cls, ref, *, dtype: torch.dtype = torch.float32, device="cpu", max_context: int | None = None,
-        cuda_graphs: bool = True, compile: bool | None = None,
+        cuda_graphs: bool = True, compile: bool | None = None, prefill_graphs: bool = True,
     ) -> "StaticTarget":
         """Load a checkpoint directory (or any reference ``resolve_model_dir`` accepts) without transformers' model code."""
         from transformers import AutoConfig
@@ -142,7 +148,8 @@ class StaticTarget:
         )
         check_finite(module.named_parameters(), str(directory), "parameter",
                      "the weights are corrupt or the model diverged: re-download or re-export it")
-        return cls(module, config, max_context=max_context, source=str(directory), cuda_graphs=cuda_graphs, compile=compile)
+        return cls(module, config, max_context=max_context, source=str(directory), cuda_graphs=cuda_graphs, compile=compile,
+                   prefill_graphs=prefill_graphs)
 
     def set_aux_layers(self, layers: tuple[int, ...]) -> None:
         """Also return the residual streams entering ``layers`` (``TargetOutput.aux_hidden_states``); the captured
@@ -153,6 +160,7 @@ class StaticTarget:
             raise ValueError(f"aux layers {bad} out of range: the target has {self.module.shape.num_layers} layers")
         self.aux_layers = layers
         self._graphs.drop()
+        self.prefill_graphs.drop()
 
     # -- cache ---------------------------------------------------------------------------------------
 
@@ -179,6 +187,13 @@ class StaticTarget:
             self._allocate(num_tokens)
         if max_draft_tokens > 0:  # plain requests (room 0) leave the draft kinds' widths alone
             self._widths["chain"] = self._widths["tree"] = max_draft_tokens + 1
+
+    def prepare_prefills(self, lengths) -> None:
+        """Capture the prefill graphs prompts of these ``lengths`` will replay (CUDA graphs on), before anything is
+        timed (the decode loop calls it after ``reserve``); a no-op without graphs or once captured."""
+        if self._cache is None:
+            raise ValueError("prepare_prefills before reserve(): size the KV cache first")
+        self.prefill_graphs.prepare(lengths, self._cache.kv, self.aux_layers)
 
     def _allocate(self, capacity: int) -> None:
         s = self.module.shape
@@ -207,6 +222,10 @@ class StaticTarget:
                 f"context length exceeded: the prompt has {length} tokens > the static KV cache's "
                 f"{self._cache.capacity} slots (max context {self.max_context}); call reserve() or shorten the prompt"
             )
+        if self.prefill_graphs.fits(length, self._cache.capacity):  # CUDA: a replay, not ~1,000 launches
+            out = self.prefill_graphs.run(ids, self._cache.kv, self.aux_layers)
+            self._cache.advance(length)
+            return out
         positions = torch.arange(length, device=self.device)  # (T,)
         causal = torch.ones(length, length, dtype=torch.bool, device=self.device).tril_()  # (T, T) over slots [0, T)
         hidden, aux = self.module(ids, positions, positions, causal, self._cache.kv, aux_layers=self.aux_layers)  # (T, H)

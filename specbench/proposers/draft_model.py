@@ -123,7 +123,8 @@ def _load_draft(path: str, target):
     from specbench.engine.static_target import StaticTarget
 
     if isinstance(target, StaticTarget):
-        return StaticTarget.from_pretrained(path, dtype=target.dtype, device=target.device)
+        # its prefill runs inside the first timed propose of each request: kept eager, so no capture lands there
+        return StaticTarget.from_pretrained(path, dtype=target.dtype, device=target.device, prefill_graphs=False)
     from specbench.checkpoints.resolve import load_target_model
     from specbench.engine.hf_target import HFTarget
 
