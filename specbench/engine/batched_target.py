@@ -179,7 +179,7 @@ class BatchedStaticTarget:
         outputs: list[TargetOutput] = []
         for group in split_group([x.numel() for x in ids], self.prefill_token_budget):
             outputs += prefill_group(self.module, self._cache, [slots[i] for i in group], [ids[i] for i in group],
-                                     self.aux_layers)
+                                     self.aux_layers, self._ops)
         return outputs
 
     def _prefill_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
