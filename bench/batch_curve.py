@@ -19,6 +19,7 @@ from _phase_clock import sync  # noqa: E402
 from speed_7b import MEDUSA_PROFILE  # noqa: E402
 from specbench.atomic_write import write_text_atomic  # noqa: E402
 from specbench.cli.arguments import list_argument_type  # noqa: E402
+from specbench.compile_watch import compiled_graphs  # noqa: E402
 from specbench.checkpoints.tiny import tiny_llama  # noqa: E402
 from specbench.engine.batched_decode import BatchedDecoder  # noqa: E402
 from specbench.engine.batched_proposers import BatchedProposer  # noqa: E402
@@ -136,10 +137,13 @@ def measure_batch(static: StaticTarget, batch: int, prompts: list, truths: dict,
         warm = GenerationConfig(max_new_tokens=min(4, config.max_new_tokens), ignore_eos=True)
         BatchedDecoder(target, make(), warm).generate_all(prompts[:batch])  # sizes the cache, captures the graphs
         decoder = BatchedDecoder(target, make(), config)
+        compiled = compiled_graphs()
         runs = [timed(static.device, lambda: (decoder.generate_all(prompts), decoder.stats)) for _ in range(args.repeats)]
+        compiled = compiled_graphs() - compiled
         (results, stats), wall, peak = sorted(runs, key=lambda r: r[1])[len(runs) // 2]  # the median run by wall time
         figures[kind] = {**summarize(results, wall, stats), "peak_memory_bytes": peak,
-                         "mean_active_slots": statistics.fmean(stats.active_per_step)}
+                         "mean_active_slots": statistics.fmean(stats.active_per_step),
+                         "compiled_while_timed": compiled}  # torch.compile graphs compiled inside the timed runs
         if kind != "plain":
             plain = figures["plain"]["throughput_tokens_per_s"]
             figures[kind]["speedup_vs_plain"] = figures[kind]["throughput_tokens_per_s"] / plain if plain else None
@@ -164,9 +168,11 @@ def measure_single(static: StaticTarget, prompts: list, truths: dict, args, conf
         warm_proposer = None if kind == "plain" else ScriptedProposer(truths[tuple(prompts[0].tolist())], args.k,
                                                                         static.vocab_size)
         Decoder(static, warm_proposer, GenerationConfig(max_new_tokens=4, ignore_eos=True)).generate(prompts[0])
+        compiled = compiled_graphs()
         runs = [timed(static.device, decode_all) for _ in range(args.repeats)]
+        compiled = compiled_graphs() - compiled
         results, wall, peak = sorted(runs, key=lambda r: r[1])[len(runs) // 2]  # the median run, as at every B
-        figures[kind] = {**summarize(results, wall), "peak_memory_bytes": peak}
+        figures[kind] = {**summarize(results, wall), "peak_memory_bytes": peak, "compiled_while_timed": compiled}
     return figures
 
 

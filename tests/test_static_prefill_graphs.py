@@ -93,6 +93,8 @@ def test_cuda_captured_prefills_decode_as_eager_prefills():
     model = tiny_llama_model().to("cuda")
     captured, eager = StaticTarget.from_hf_model(model), StaticTarget.from_hf_model(model, prefill_graphs=False)
     assert captured.prefill_graphs.graphs.enabled and not eager.prefill_graphs.graphs.enabled
+    for target in (captured, eager):
+        target.reserve(96)  # room for the 40-token prompt's bucket (64); its own request reserves only 59 entries
     config = GenerationConfig(max_new_tokens=16, ignore_eos=True)
     for proposer in (None, NgramProposer(num_speculative_tokens=3)):
         for prompt in PROMPTS:
