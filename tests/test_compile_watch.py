@@ -1,17 +1,14 @@
-"""torch.compile inside timed windows: counted and flagged on a case's result (specbench/compile_watch.py); the group
-prefill's stages compiled once with symbolic shapes, under caches of their own (engine/static_ops.prefill_ops)."""
+"""torch.compile inside timed windows: counted and flagged on a case's result (specbench/compile_watch.py)."""
 
 from __future__ import annotations
 
 import itertools
 
 import pytest
-import torch
 
 from specbench import batch_run, case_loop
 from specbench.cases import Case
 from specbench.compile_watch import compile_flags, compiled_graphs
-from specbench.engine import static_ops
 from specbench.harness import run_case
 
 NGRAM = dict(name="watch", proposer={"name": "ngram", "num_speculative_tokens": 3}, max_new_tokens=8,
@@ -37,15 +34,3 @@ def test_a_run_that_compiled_while_timed_is_flagged_and_an_eager_one_is_not(monk
         compile_flags(3, "timed runs")[0]["message"]]
     assert [r["output_token_ids"] for r in flagged["requests"]] == [r["output_token_ids"] for r in clean["requests"]]
 
-
-def test_prefill_stages_compile_once_for_every_shape_and_leave_the_decode_stages_alone():
-    weight = torch.randn(16)
-    before = compiled_graphs()
-    for rows in (6, 10, 3):  # an admission's prompts x tokens changes from one group to the next
-        x = torch.randn(rows, 16)
-        torch.testing.assert_close(static_ops.prefill_ops().rms_norm(x, weight, 1e-6), static_ops.rms_norm(x, weight, 1e-6))
-    assert compiled_graphs() - before == 1  # symbolic from the first call: no recompile at a new shape
-    copy = static_ops._own_copy(static_ops.rms_norm)
-    assert copy.__code__ is not static_ops.rms_norm.__code__  # its own compile cache
-    x = torch.randn(4, 16)
-    torch.testing.assert_close(copy(x, weight, 1e-6), static_ops.rms_norm(x, weight, 1e-6))

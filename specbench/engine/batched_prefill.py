@@ -15,7 +15,6 @@ from __future__ import annotations
 import torch
 
 from specbench.engine.batched_cache import BatchedKVCache
-from specbench.engine.static_ops import EAGER_OPS, StepOps
 from specbench.engine.target import TargetOutput
 from specbench.engine.transfers import host_to_device
 
@@ -44,11 +43,10 @@ def split_group(lengths: list[int], token_budget: int) -> list[list[int]]:
 
 @torch.inference_mode()
 def prefill_group(module, cache: BatchedKVCache, slots: list[int], prompts: list[torch.Tensor],
-                  aux_layers: tuple[int, ...] = (), ops: StepOps = EAGER_OPS) -> list[TargetOutput]:
+                  aux_layers: tuple[int, ...] = ()) -> list[TargetOutput]:
     """Run ``prompts[i]`` ``(T_i,)`` (on the cache's device) into ``slots[i]`` of ``cache`` in one forward; the other
     slots are untouched. Returns per prompt its last row's logits ``(1, V)``, hidden states ``(T_i, H)`` and aux
-    streams ``(T_i, A * H)`` (None without aux layers), as a one-slot prefill would. ``ops``: the pointwise stages;
-    the engine's fused ones on CUDA, where eagerly they are a third of a 4,096-token group's time (docs/batching.md)."""
+    streams ``(T_i, A * H)`` (None without aux layers), as a one-slot prefill would."""
     lengths = [p.numel() for p in prompts]
     n, width = len(prompts), max(lengths)
     device = cache.kv.device
@@ -61,12 +59,12 @@ def prefill_group(module, cache: BatchedKVCache, slots: list[int], prompts: list
     columns = torch.arange(width, device=device)  # (T,)
     positions = columns.expand(n, width)  # (n, T) every prompt starts at position 0
     causal = torch.ones(width, width, dtype=torch.bool, device=device).tril_().expand(n, width, width)  # (n, T, T)
-    hidden, aux = module(ids.flatten(), positions.flatten(), positions, causal, scratch, ops,
+    hidden, aux = module(ids.flatten(), positions.flatten(), positions, causal, scratch,
                          aux_layers=aux_layers)  # (n * T, H), (n * T, A * H) or None
     hidden = hidden.view(n, width, -1)  # (n, T, H)
     aux = None if aux is None else aux.view(n, width, -1)  # (n, T, A * H)
     last = host_to_device([t - 1 for t in lengths], device)  # (n,)
-    logits = module.logits(hidden[torch.arange(n, device=device), last], ops)  # (n, V)
+    logits = module.logits(hidden[torch.arange(n, device=device), last])  # (n, V)
     outputs = []
     for row, (slot, length) in enumerate(zip(slots, lengths)):
         cache.reset_slot(slot)

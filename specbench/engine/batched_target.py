@@ -24,7 +24,7 @@ from specbench.engine.transfers import host_to_device, tensor_to_device
 from specbench.engine.graph_capture import GraphBackend, StepGraphs
 from specbench.engine.prefill_graphs import CapturedPrefill
 from specbench.engine.static_llama import StaticLlamaForCausalLM
-from specbench.engine.static_ops import EAGER_OPS, StepOps, compiled_ops, prefill_ops
+from specbench.engine.static_ops import EAGER_OPS, StepOps, compiled_ops
 from specbench.engine.target import TargetOutput
 
 
@@ -51,8 +51,6 @@ class BatchedStaticTarget:
         self._device_counts: tuple | None = None  # (nodes per slot, the same (B,) on the device) last copied
         self._ops = ops if ops is not None else (compiled_ops() if compile else EAGER_OPS)
         self.compiled = self._ops.compiled
-        # group prefills: the same stages compiled with symbolic shapes, so no admission recompiles while timed
-        self._prefill_ops = prefill_ops() if self.compiled else EAGER_OPS
         # one CUDA graph per (kind, width) at this B, all in one memory pool; eager on the CPU, with
         # cuda_graphs=False, or through ``graph_backend`` (a test's stand-in) where one is given
         self._graphs = StepGraphs.for_device(self.device, cuda_graphs, graph_backend)
@@ -181,7 +179,7 @@ class BatchedStaticTarget:
         outputs: list[TargetOutput] = []
         for group in split_group([x.numel() for x in ids], self.prefill_token_budget):
             outputs += prefill_group(self.module, self._cache, [slots[i] for i in group], [ids[i] for i in group],
-                                     self.aux_layers, self._prefill_ops)
+                                     self.aux_layers)
         return outputs
 
     def _prefill_ids(self, input_ids: torch.Tensor) -> torch.Tensor:

@@ -11,8 +11,6 @@ uncompiled, which is what the CPU and every prefill use.
 
 from __future__ import annotations
 
-import functools
-import types
 from dataclasses import dataclass
 from typing import Callable
 
@@ -85,7 +83,7 @@ STAGES = (rotary_tables, attention_bias, rms_norm, add_rms_norm, rope_qkv, swigl
 EAGER_OPS = StepOps(*STAGES, linear=F.linear)
 
 
-def compiled_ops(*, autotune_gemv: bool = False, dynamic: bool | None = None) -> StepOps:
+def compiled_ops(*, autotune_gemv: bool = False) -> StepOps:
     """Every stage through ``torch.compile`` (inductor, no CUDA graphs of its own: the caller captures the
     whole step). Each stage specialises on its first shape and, when a second verify width arrives,
     recompiles once with the width symbolic, so a run compiles each stage at most twice.
@@ -93,31 +91,12 @@ def compiled_ops(*, autotune_gemv: bool = False, dynamic: bool | None = None) ->
     ``autotune_gemv`` also routes the one-row matmuls of plain decoding through max-autotune, where Triton
     GEMV templates compete with cuBLAS for each weight shape (on an H200 they read a 7B step's weights at
     0.88 of the copy bandwidth against cuBLAS's 0.82: docs/engines.md). Wider verify steps keep cuBLAS,
-    which autotuning did not beat there; tuning costs ~25 s of capture time per model shape.
-
-    ``dynamic=True`` compiles copies of the stages, each under a compile cache of its own, with every dimension
-    symbolic from the first call (:func:`prefill_ops`)."""
+    which autotuning did not beat there; tuning costs ~25 s of capture time per model shape."""
 
     def fused(fn: Callable) -> Callable:
-        return torch.compile(fn if dynamic is None else _own_copy(fn), fullgraph=True, dynamic=dynamic)
+        return torch.compile(fn, fullgraph=True, dynamic=None)
 
     return StepOps(*(fused(f) for f in STAGES), linear=_autotuned_gemv() if autotune_gemv else F.linear, compiled=True)
-
-
-@functools.cache
-def prefill_ops() -> StepOps:
-    """The stages for group prefills (engine/batched_prefill.py), compiled once per process with symbolic shapes: an
-    admission's (prompts x tokens) changes from one group to the next, and the decode steps' stages, which
-    specialise and then recompile once, would recompile at such a shape inside a timed run. Their own caches
-    leave the decode steps' compilations as they were."""
-    return compiled_ops(dynamic=True)
-
-
-def _own_copy(fn: Callable) -> Callable:
-    """``fn`` under a code object of its own: torch.compile caches compilations per code object, so a copy
-    compiled with other settings neither reuses nor displaces the original's."""
-    code = fn.__code__.replace(co_name=f"{fn.__name__}_copy")
-    return types.FunctionType(code, fn.__globals__, code.co_name, fn.__defaults__, fn.__closure__)
 
 
 def _autotuned_gemv() -> Callable:
