@@ -40,7 +40,8 @@ Vicuna-7B; bench/speed_7b.py). Per B: throughput (output tokens / wall seconds o
 throughput (the tokens of the verify steps / their wall time: admissions, i.e. group prefills, left out,
 and their seconds beside it), per-request time per output token, TTFT (from admission, and from the run's start), speedup vs plain at the same B,
 acceptance rate and MAL, the CUDA allocator's peak. Also, in the same run: the single-sequence static engine
-at batch 1 (plain and oracle) against the batched B = 1 (the issue asks for the two within 3%), the plain
+at batch 1 (plain and oracle), its timed runs alternating with the batched B = 1's so that both see the same
+machine, against the batched B = 1 (the issue asks for the two within 3%), the plain
 throughput ratios largest B / B = 1 (whole run and decode phase), and per proposer the crossover B (the first at which it no longer
 beats plain). Graph capture, compilation and warm-up runs are never timed. Writes OUT_DIR/batch_curve.json
 atomically and prints a table.
@@ -50,6 +51,7 @@ atomically and prints a table.
 """
 SCHEMA_VERSION = 1
 RUNS = ("plain", "oracle", "medusa_profile")
+SINGLE_RUNS = ("plain", "oracle")  # what the single-sequence engine runs beside the smallest B
 
 
 class ScriptedBatch(BatchedProposer):
@@ -126,24 +128,38 @@ def proposers(kind: str, truths: dict, k: int, vocab: int):
     return ScriptedBatch(truths, k, vocab, position_accuracy=MEDUSA_PROFILE if kind == "medusa_profile" else None)
 
 
-def measure_batch(static: StaticTarget, batch: int, prompts: list, truths: dict, args, config) -> dict:
+def measure_batch(static: StaticTarget, batch: int, prompts: list, truths: dict, args, config,
+                  single: dict | None = None) -> dict:
+    """One point of the curve: each run kind through ``BatchedDecoder`` at ``batch`` slots, the median of ``--repeats``
+    timed runs. Given ``single`` (a dict to fill), the single-sequence engine decodes the same prompts (plain and
+    oracle) in timed runs alternating with the batched ones, so the two engines' ratio sees the same machine."""
     target = BatchedStaticTarget.from_static_target(static, batch)
     # the full cache and the chain width first: a cache that grew after the warm-up would re-capture while timed
     target.reserve(max(p.numel() for p in prompts) + config.max_new_tokens + args.k, args.k)
     target.prepare_prefills([p.numel() for p in prompts])  # the one-prompt prefill graphs, never captured while timed
+    if single is not None:
+        static.reserve(max(p.numel() for p in prompts) + config.max_new_tokens + args.k, args.k)  # before any capture
     figures: dict = {"batch_size": batch}
     for kind in RUNS:
         make = lambda: proposers(kind, truths, args.k, static.vocab_size)  # noqa: E731
         warm = GenerationConfig(max_new_tokens=min(4, config.max_new_tokens), ignore_eos=True)
         BatchedDecoder(target, make(), warm).generate_all(prompts[:batch])  # sizes the cache, captures the graphs
         decoder = BatchedDecoder(target, make(), config)
+        alone = single_sequence(static, kind, prompts, truths, args, config) if single is not None else None
         compiled = compiled_graphs()
-        runs = [timed(static.device, lambda: (decoder.generate_all(prompts), decoder.stats)) for _ in range(args.repeats)]
+        runs, alone_runs = [], []
+        for _ in range(args.repeats):  # the single-sequence engine's runs interleaved with the batched ones
+            runs.append(timed(static.device, lambda: (decoder.generate_all(prompts), decoder.stats)))
+            if alone is not None:
+                alone_runs.append(timed(static.device, alone))
         compiled = compiled_graphs() - compiled
         (results, stats), wall, peak = sorted(runs, key=lambda r: r[1])[len(runs) // 2]  # the median run by wall time
         figures[kind] = {**summarize(results, wall, stats), "peak_memory_bytes": peak,
                          "mean_active_slots": statistics.fmean(stats.active_per_step),
                          "compiled_while_timed": compiled}  # torch.compile graphs compiled inside the timed runs
+        if alone is not None:
+            results, wall, peak = sorted(alone_runs, key=lambda r: r[1])[len(alone_runs) // 2]  # its median run
+            single[kind] = {**summarize(results, wall), "peak_memory_bytes": peak, "compiled_while_timed": compiled}
         if kind != "plain":
             plain = figures["plain"]["throughput_tokens_per_s"]
             figures[kind]["speedup_vs_plain"] = figures[kind]["throughput_tokens_per_s"] / plain if plain else None
@@ -152,28 +168,19 @@ def measure_batch(static: StaticTarget, batch: int, prompts: list, truths: dict,
     return figures
 
 
-def measure_single(static: StaticTarget, prompts: list, truths: dict, args, config) -> dict:
-    """The single-sequence static engine at batch 1 over the same prompts, one request after another (the median of
-    ``--repeats`` timed runs)."""
-    figures = {}
-    static.reserve(max(p.numel() for p in prompts) + config.max_new_tokens + args.k, args.k)  # before any capture
-    for kind in ("plain", "oracle"):
-        def decode_all(kind=kind):
-            out = []
-            for p in prompts:
-                proposer = None if kind == "plain" else ScriptedProposer(truths[tuple(p.tolist())], args.k, static.vocab_size)
-                out.append(Decoder(static, proposer, config).generate(p))
-            return out
+def single_sequence(static: StaticTarget, kind: str, prompts: list, truths: dict, args, config):
+    """The single-sequence static engine at batch 1 decoding ``prompts`` one after another (``kind`` plain or oracle;
+    None for a kind it does not run), warmed up once; the returned callable is one timed run."""
+    if kind not in SINGLE_RUNS:
+        return None
+    truth = lambda p: ScriptedProposer(truths[tuple(p.tolist())], args.k, static.vocab_size)  # noqa: E731
 
-        warm_proposer = None if kind == "plain" else ScriptedProposer(truths[tuple(prompts[0].tolist())], args.k,
-                                                                        static.vocab_size)
-        Decoder(static, warm_proposer, GenerationConfig(max_new_tokens=4, ignore_eos=True)).generate(prompts[0])
-        compiled = compiled_graphs()
-        runs = [timed(static.device, decode_all) for _ in range(args.repeats)]
-        compiled = compiled_graphs() - compiled
-        results, wall, peak = sorted(runs, key=lambda r: r[1])[len(runs) // 2]  # the median run, as at every B
-        figures[kind] = {**summarize(results, wall), "peak_memory_bytes": peak, "compiled_while_timed": compiled}
-    return figures
+    def decode_all():
+        return [Decoder(static, None if kind == "plain" else truth(p), config).generate(p) for p in prompts]
+
+    Decoder(static, None if kind == "plain" else truth(prompts[0]),
+            GenerationConfig(max_new_tokens=4, ignore_eos=True)).generate(prompts[0])  # its graphs, never while timed
+    return decode_all
 
 
 def crossover(curve: list[dict], kind: str) -> int | None:
@@ -253,13 +260,14 @@ def main(argv: list[str] | None = None) -> int:
                                  "new_tokens": args.new_tokens, "k": args.k, "repeats": args.repeats,
                                  "medusa_profile": list(MEDUSA_PROFILE)},
                     "curve": []}
+    single: dict = {}  # the single-sequence engine, measured beside the smallest B (B = 1's requests when it ran)
     for batch in args.batch_sizes:
-        report["curve"].append(measure_batch(static, batch, prompts[: batch * args.rounds], truths, args, config))
+        report["curve"].append(measure_batch(static, batch, prompts[: batch * args.rounds], truths, args, config,
+                                             single if batch == args.batch_sizes[0] else None))
         print(f"-- B={batch} done", flush=True)
         if device.type == "cuda":
             torch.cuda.empty_cache()
-    first = prompts[: min(args.batch_sizes) * args.rounds]  # the smallest point's requests (B = 1's when it ran)
-    report["single_sequence_batch_1"] = measure_single(static, first, truths, args, config)
+    report["single_sequence_batch_1"] = single
     report["summary"] = summary(report)
     report["table"] = table(report)
     out = Path(args.out_dir)
