@@ -79,6 +79,6 @@ def render_markdown(history, regressions: list[Regression], status: list[StatusR
     if failures:
         lines += ["", "<details><summary>Failing checks</summary>", "", *failures, "", "</details>"]
     flags = [f"- {_cell(row.case_id)} ({_cell(row.hardware_class)}): {_cell(f)}" for row in status for f in row.flags]
-    if flags:  # predicted and measured speedup disagree: a measurement to look at (docs/metrics.md#step-costs)
+    if flags:  # measurement problems (a prediction far off, compiles while timed): to look at (docs/metrics.md#step-costs)
         lines += ["", "<details><summary>Measurement flags</summary>", "", *flags, "", "</details>"]
     return "\n".join(lines) + "\n"
