@@ -21,7 +21,7 @@ from specbench.gating.curves import curve_name
 from specbench.metrics import aggregate
 from specbench.run_parts import (RunResult, _request_record, build_proposer, generation_config, load_prompt_ids,
                                  load_target, lossless_report)
-from specbench.compile_watch import compile_flags, compiled_graphs
+from specbench.compile_watch import capture_flags, compile_flags, compiled_graphs
 from specbench.speed import measurement_flags, repeat_record, speed_over_repeats
 
 SWEEP_SCHEMA_VERSION = 1
@@ -124,7 +124,7 @@ def run_batched_case(case: Case, *, progress: bool = True, target=None, tokenize
         BatchedDecoder(target, proposer_now, warm).generate_all(ids[: case.batch_size])
 
     _reset_peak_memory(target.device)
-    compiled_before = compiled_graphs()
+    compiled_before, captured_before = compiled_graphs(), target.capture_seconds
     records, repeats, first, peaks = [], [], None, []
     bar = tqdm(total=2 * case.repeats, desc=case.case_id, unit="run", disable=not progress)
     for repeat in range(case.repeats):
@@ -141,7 +141,7 @@ def run_batched_case(case: Case, *, progress: bool = True, target=None, tokenize
         repeats.append(batch_repeat_record(repeat, now, spec, spec_s, plain, plain_s, costs))
         first = first or (plain, spec, spec_decoder.stats)  # every repeat decodes the same tokens (same seeds)
     bar.close()
-    compiled = compiled_graphs() - compiled_before
+    compiled, captured = compiled_graphs() - compiled_before, target.capture_seconds - captured_before
     plain, spec, stats = first
 
     metrics = aggregate([r.counters for r in spec], [r.timing for r in spec])
@@ -162,7 +162,8 @@ def run_batched_case(case: Case, *, progress: bool = True, target=None, tokenize
     created_at = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     env = environment_fingerprint(device=case.device, dtype=case.dtype)
     return RunResult(case, metrics, records, correctness, env, details, created_at, repeats,
-                     measurement_flags(metrics, measured="batch_speedup") + compile_flags(compiled, "timed runs"))
+                     measurement_flags(metrics, measured="batch_speedup") + compile_flags(compiled, "timed runs")
+                     + capture_flags(captured, "timed runs"))
 
 
 # ---- curves: results that differ only in batch size --------------------------------------------------------

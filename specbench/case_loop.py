@@ -14,7 +14,7 @@ from specbench.engine.step_costs import measure_step_costs
 from specbench.env import environment_fingerprint
 from specbench.metrics import aggregate
 from specbench.run_parts import RunResult, _request_record, generation_config, load_prompt_ids, lossless_report
-from specbench.compile_watch import compile_flags, compiled_graphs
+from specbench.compile_watch import capture_flags, compile_flags, compiled_graphs
 from specbench.speed import measurement_flags, repeat_record, speed_over_repeats
 
 
@@ -30,6 +30,7 @@ def decode_case(case: Case, target, tokenizer, proposer, *, progress: bool = Tru
     # and capture its graphs inside a timed request
     room = proposer.max_draft_tokens if proposer else 0
     target.reserve(max(len(ids) for _, ids in prompts) + case.max_new_tokens + room, room)
+    target.prepare_prefills([len(ids) for _, ids in prompts])  # every prompt's prefill graph, none captured mid-run
     if proposer is not None:
         proposer.reserve(max(len(ids) for _, ids in prompts) + case.max_new_tokens + room)
 
@@ -38,7 +39,7 @@ def decode_case(case: Case, target, tokenizer, proposer, *, progress: bool = Tru
     Decoder(target, None, warm).generate(prompts[0][1])
     Decoder(target, proposer, warm).generate(prompts[0][1])
 
-    compiled_before = compiled_graphs()
+    compiled_before, captured_before = compiled_graphs(), getattr(target, "capture_seconds", 0.0)
     plain_results, spec_results, records, repeats = [], [], [], []
     for repeat in range(case.repeats):
         label = case.case_id if case.repeats == 1 else f"{case.case_id} [{repeat + 1}/{case.repeats}]"
@@ -55,6 +56,7 @@ def decode_case(case: Case, target, tokenizer, proposer, *, progress: bool = Tru
             plain_results, spec_results = plain_now, spec_now
 
     compiled = compiled_graphs() - compiled_before
+    captured = getattr(target, "capture_seconds", 0.0) - captured_before
     metrics = aggregate([r.counters for r in spec_results], [r.timing for r in spec_results])
     metrics.update(speed_over_repeats(repeats))
     # only greedy verification promises identical outputs; sampled runs differ legitimately
@@ -66,4 +68,4 @@ def decode_case(case: Case, target, tokenizer, proposer, *, progress: bool = Tru
                "engine": {"name": case.engine, "capture_seconds": getattr(target, "capture_seconds", 0.0)}}
     created_at = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     return RunResult(case, metrics, records, correctness, env, details, created_at, repeats,
-                     measurement_flags(metrics) + compile_flags(compiled, "timed runs"))
+                     measurement_flags(metrics) + compile_flags(compiled, "timed runs") + capture_flags(captured, "timed runs"))

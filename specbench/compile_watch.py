@@ -1,4 +1,5 @@
-"""Counts torch.compile's graph compilations, so that a timed window that compiled something is flagged, not trusted."""
+"""What a timed window should never contain, counted so that it is flagged, not trusted: torch.compile's compilations
+and CUDA-graph captures (their seconds would be inside the speed figures)."""
 
 from __future__ import annotations
 
@@ -23,3 +24,16 @@ def compile_flags(compiled: int, where: str) -> list[dict]:
                     "speed figures; a shape the warm-up did not reach was compiled while timed (re-run, or report it "
                     "as an engine bug)"),
     }]
+
+
+def capture_flags(seconds: float, where: str) -> list[dict]:
+    """The measurement flag of ``seconds`` of the target's graph capture (and the compiling and tuning it includes)
+    that happened inside timed ``where`` (empty when none): a shape the warm-up did not reach was captured."""
+    if not seconds > 0:
+        return []
+    return [{
+        "kind": "captured_while_timed",
+        "message": (f"the target captured CUDA graphs for {seconds:.2f} s during the {where}: capture time is inside "
+                    "these speed figures; a step or prefill shape the warm-up did not reach (report it as an engine bug)"),
+    }]
+

@@ -8,7 +8,7 @@ import pytest
 
 from specbench import batch_run, case_loop
 from specbench.cases import Case
-from specbench.compile_watch import compile_flags, compiled_graphs
+from specbench.compile_watch import capture_flags, compile_flags, compiled_graphs
 from specbench.harness import run_case
 
 NGRAM = dict(name="watch", proposer={"name": "ngram", "num_speculative_tokens": 3}, max_new_tokens=8,
@@ -34,3 +34,18 @@ def test_a_run_that_compiled_while_timed_is_flagged_and_an_eager_one_is_not(monk
         compile_flags(3, "timed runs")[0]["message"]]
     assert [r["output_token_ids"] for r in flagged["requests"]] == [r["output_token_ids"] for r in clean["requests"]]
 
+
+
+def test_capture_flags_and_a_run_whose_target_captured_while_timed(monkeypatch):
+    from specbench.engine.static_target import StaticTarget
+
+    assert capture_flags(0.0, "timed runs") == []
+    (flag,) = capture_flags(1.5, "timed runs")
+    assert flag["kind"] == "captured_while_timed" and "for 1.50 s during the timed runs" in flag["message"]
+    case = dict(NGRAM, engine="static")
+    clean = run_case(Case.from_dict(case), progress=False).to_dict()  # the CPU static engine captures nothing
+    assert not [f for f in clean["flags"] if f["kind"] == "captured_while_timed"]
+    seconds = itertools.count(0.0, 0.75)  # each read of capture_seconds later than the last: captures while timed
+    monkeypatch.setattr(StaticTarget, "capture_seconds", property(lambda self: next(seconds)))
+    flagged = run_case(Case.from_dict(case), progress=False).to_dict()
+    assert [f["kind"] for f in flagged["flags"] if f["kind"] == "captured_while_timed"] == ["captured_while_timed"]
