@@ -12,7 +12,7 @@
 #              tolerances; `specbench zoo synth --shape 1b` into SPECBENCH_SYNTH_1B_DIR first), stored as baselines
 #   eagle      the EAGLE and draft-model suites' CUDA twins (reference target and its shipped heads), stored as
 #              baselines
-#   batch      the batch suite's synthetic-7B curve (B = 1..32, static engine), stored as baselines
+#   batch      the batch suite's synthetic-7B curve (B = 1..32, static engine, 3 repeats per point), stored as baselines
 #   batch-curve  bench/batch_curve.py on the synthetic 7B: B = 1..32, plain, oracle and the Medusa-7B profile,
 #              3 repeats per point (BATCH_CURVE_ARGS replaces those options)
 #   cuda-tests the CUDA tests of tests/ (marked large_gpu: static target, prefill, batched and EAGLE graphs)

@@ -1,4 +1,4 @@
-"""A preallocated KV cache of B slots, each with its own length on the device, and the check that it fits."""
+"""A preallocated KV cache of B slots, each with its own length on the device; the check that it fits; a step's attention span."""
 
 from __future__ import annotations
 
@@ -36,6 +36,30 @@ def check_cache_fits(batch_size: int, num_layers: int, num_kv_heads: int, capaci
             f"{torch.empty((), dtype=dtype).element_size()} bytes) but {device} has {available} bytes free; lower "
             f"batch_size (at most {fits} fit at this length) or the max length (prompt + max_new_tokens + draft tokens)"
         )
+
+
+SPAN_QUANTUM = 32  # the finest step between attention spans (cache entries)
+
+
+def attention_span(needed: int, capacity: int) -> int:
+    """The cache entries a batched step attends over when its longest slot needs ``needed`` (committed entries plus
+    the step's width): ``needed`` rounded up to a quarter of the power of two at or below it (at least
+    SPAN_QUANTUM), at most ``capacity``. Four spans per octave: each a captured graph, none reading more than
+    a quarter of dead entries beyond the live ones (docs/batching.md#attention-span)."""
+    if needed >= capacity:
+        return capacity
+    quantum = max(SPAN_QUANTUM, (1 << (max(needed, 1).bit_length() - 1)) // 4)
+    return min(capacity, -(-needed // quantum) * quantum)
+
+
+def attention_spans(shortest: int, capacity: int) -> list[int]:
+    """Every span :func:`attention_span` gives for steps needing ``shortest`` .. ``capacity`` entries, ascending."""
+    spans, needed = [], max(1, shortest)
+    while needed <= capacity:
+        span = attention_span(needed, capacity)
+        spans.append(span)
+        needed = span + 1
+    return spans
 
 
 class BatchedKVCache:
@@ -87,14 +111,16 @@ class BatchedKVCache:
         """(B, W) the cache positions each slot's verify input of ``width`` nodes goes to: right after its live ones."""
         return self.lengths[:, None] + self.slot_index[None, :width]
 
-    def attention_mask(self, tree: torch.Tensor) -> torch.Tensor:
-        """(B, W, S) bool: each slot's live entries, plus the new entries its ``tree`` rows ``(B, W, W)`` allow."""
+    def attention_mask(self, tree: torch.Tensor, span: int | None = None) -> torch.Tensor:
+        """(B, W, K) bool over the first K = ``span`` entries (default: all S): each slot's live entries, plus the new
+        entries its ``tree`` rows ``(B, W, W)`` allow; every entry a real node attends to must lie below K."""
         batch, width = tree.shape[:2]
-        offset = self.slot_index[None, :] - self.lengths[:, None]  # (B, S) position relative to the slot's first new entry
-        is_new = (offset >= 0) & (offset < width)  # (B, S)
-        spread = offset.clamp(0, width - 1)[:, None, :].expand(batch, width, -1)  # (B, W, S)
-        tree_cols = tree.gather(2, spread)  # (B, W, S) each tree row, spread over the cache
-        return (offset < 0)[:, None, :] | (is_new[:, None, :] & tree_cols)  # (B, W, S)
+        slots = self.slot_index if span is None else self.slot_index[:span]  # (K,)
+        offset = slots[None, :] - self.lengths[:, None]  # (B, K) position relative to the slot's first new entry
+        is_new = (offset >= 0) & (offset < width)  # (B, K)
+        spread = offset.clamp(0, width - 1)[:, None, :].expand(batch, width, -1)  # (B, W, K)
+        tree_cols = tree.gather(2, spread)  # (B, W, K) each tree row, spread over the cache
+        return (offset < 0)[:, None, :] | (is_new[:, None, :] & tree_cols)  # (B, W, K)
 
     def gather_new(self, source: torch.Tensor) -> None:
         """Move slot b's new entries ``lengths[b] + source[b, i]`` to ``lengths[b] + i``, in place, for every slot;

@@ -70,6 +70,9 @@ class BatchBuffers:
     # per slot, (the tree mask tensor last written into its tree rows, its nodes); None: not written yet
     host_depths: list | None = None
     tree_rows: list | None = None
+    # with CUDA graphs: the logits (B * W, V), hidden (B * W, H) and aux (B * W, A * H) or None every attention
+    # span's graph of this (kind, width) writes, so that the spans share one set of outputs
+    outputs: tuple | None = None
 
     @classmethod
     def allocate(cls, batch: int, width: int, device) -> "BatchBuffers":

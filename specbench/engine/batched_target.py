@@ -6,7 +6,8 @@ nodes + 1): slot b's nodes go right after its own committed entries and attend t
 draft (causal for a chain, its tree mask for a tree); padding and idle slots are written beyond the
 committed lengths and never attended to by a real node. ``commit`` (host paths) or ``commit_accepted``
 (device tensors, nothing read back) keeps a ragged number of accepted nodes per slot. Shapes are fixed
-per step kind, so each (kind, width) forward is captured once as a CUDA graph at the engine's B and
+per step kind; attention reads the first K entries of every slot, K the longest slot's span (engine/batched_cache.py),
+so each (kind, width, span) forward is captured once as a CUDA graph at the engine's B and
 replayed (engine/graph_capture.py, docs/batching.md); the inputs are packed on the host and copied into
 the graph's static buffers before each replay.
 """
@@ -14,10 +15,11 @@ the graph's static buffers before each replay.
 from __future__ import annotations
 
 from collections import Counter
+from functools import partial
 
 import torch
 
-from specbench.engine.batched_cache import BatchedKVCache, check_cache_fits
+from specbench.engine.batched_cache import BatchedKVCache, attention_span, attention_spans, check_cache_fits
 from specbench.engine.batched_inputs import SlotInput, VerifiedStep, BatchBuffers, scatter_rows, step_kind
 from specbench.engine.batched_prefill import DEFAULT_TOKEN_BUDGET, prefill_group, split_group
 from specbench.engine.transfers import host_to_device, tensor_to_device
@@ -51,7 +53,7 @@ class BatchedStaticTarget:
         self._device_counts: tuple | None = None  # (nodes per slot, the same (B,) on the device) last copied
         self._ops = ops if ops is not None else (compiled_ops() if compile else EAGER_OPS)
         self.compiled = self._ops.compiled
-        # one CUDA graph per (kind, width) at this B, all in one memory pool; eager on the CPU, with
+        # one CUDA graph per (kind, width, span) at this B, all in one memory pool; eager on the CPU, with
         # cuda_graphs=False, or through ``graph_backend`` (a test's stand-in) where one is given
         self._graphs = StepGraphs.for_device(self.device, cuda_graphs, graph_backend)
         self.cuda_graphs = self._graphs.enabled
@@ -67,7 +69,7 @@ class BatchedStaticTarget:
 
     @property
     def graphs(self) -> StepGraphs:
-        """The step graphs: ``captured`` by (kind, width), ``captures`` and ``replays`` per key."""
+        """The step graphs: ``captured`` by (kind, width, span), ``captures`` and ``replays`` per key."""
         return self._graphs
 
     @classmethod
@@ -93,6 +95,8 @@ class BatchedStaticTarget:
         self.aux_layers = layers
         self._graphs.drop()  # their outputs change
         self.prefill_graphs.drop()
+        for buffers in self._buffers.values():
+            buffers.outputs = None  # the aux output's width changed
 
     # -- cache ---------------------------------------------------------------------------------------
 
@@ -209,25 +213,67 @@ class BatchedStaticTarget:
         width = self._width_for(kind, max(counts))
         self._check_room(kind, counts, width)
         buffers = self._fill(kind, width, inputs)
-        logits, hidden, aux = self._graphs.run((kind, width), buffers, self._forward)  # (B * W, V), (B * W, H), ...
+        # attend over the longest slot's entries, rounded up to its span, not the whole cache (docs/batching.md)
+        span = attention_span(max(self._cache.host_lengths) + width, self._cache.capacity)
+        logits, hidden, aux = self._run(kind, width, span, buffers)  # (B * W, V), (B * W, H), (B * W, A * H) or None
         self._pending = (kind, width, counts)
         self._last_step = (kind, buffers, counts)
         self.verify_widths.setdefault(kind, Counter())[width] += 1
-        copied = (kind, width) in self._graphs  # the next replay overwrites the graph's outputs: hand out copies
+        copied = (kind, width, span) in self._graphs  # the next replay overwrites the graph's outputs: hand out copies
         batch = self.batch_size
         out = [None if t is None else (t.clone() if copied else t).view(batch, width, -1) for t in (logits, hidden, aux)]
         return TargetOutput(logits=out[0], hidden_states=out[1], aux_hidden_states=out[2])
 
-    def _forward(self, buffers: BatchBuffers) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """One fixed-shape batched verify forward over the static buffers and the cache: the region a CUDA graph
-        captures (device ops only: no host reads, no host-to-device copies, no branching on tensor values)."""
+    def _run(self, kind: str, width: int, span: int, buffers: BatchBuffers) -> tuple:
+        """The (kind, width) step over the first ``span`` cache entries: its graph of key (kind, width, span) replayed
+        (captured first when new), or the forward eagerly without graphs. Every span's graph writes the same outputs."""
+        if self._graphs.enabled and buffers.outputs is None:
+            rows, s = self.batch_size * width, self.module.shape
+            buffers.outputs = (torch.empty(rows, self.vocab_size, dtype=torch.float32, device=self.device),
+                               torch.empty(rows, s.hidden_size, dtype=self.dtype, device=self.device),
+                               torch.empty(rows, len(self.aux_layers) * s.hidden_size, dtype=self.dtype, device=self.device)
+                               if self.aux_layers else None)
+        return self._graphs.run((kind, width, span), buffers, partial(self._forward, span=span))
+
+    def _forward(self, buffers: BatchBuffers, span: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """One fixed-shape batched verify forward over the static buffers and the first ``span`` entries of the cache:
+        the region a CUDA graph captures (device ops only: no host reads, no host-to-device copies, no branching on
+        tensor values). With graphs its outputs are copied into the (kind, width)'s shared output buffers."""
         cache = self._cache
         width = buffers.ids.shape[1]
         positions = cache.lengths[:, None] + buffers.depths  # (B, W)
-        mask = cache.attention_mask(buffers.tree)  # (B, W, S)
+        mask = cache.attention_mask(buffers.tree, span)  # (B, W, K) K = span
         hidden, aux = self.module(buffers.ids.flatten(), positions.flatten(), cache.new_slots(width), mask, cache.kv,
                                   self._ops, aux_layers=self.aux_layers)  # (B * W, H), (B * W, A * H) or None
-        return self.module.logits(hidden, self._ops), hidden, aux  # (B * W, V), (B * W, H), (B * W, A * H)
+        out = (self.module.logits(hidden, self._ops), hidden, aux)  # (B * W, V), (B * W, H), (B * W, A * H) or None
+        if buffers.outputs is None:
+            return out
+        for shared, value in zip(buffers.outputs, out):
+            if shared is not None:
+                shared.copy_(value)
+        return buffers.outputs
+
+    def prepare_steps(self, shortest: int = 1, kinds: tuple[str, ...] = ("plain", "chain", "tree")) -> None:
+        """Capture every step graph a run can replay, before anything is timed (CUDA graphs on; a no-op without them
+        or for keys already captured): each of ``kinds``' width (plain, and chain and tree once reserved) at every
+        attention span from a slot of ``shortest`` entries (the shortest prompt) up to the whole cache. A capture's
+        forward writes only beyond each slot's committed entries, where every verify writes."""
+        if self._cache is None:
+            raise ValueError("prepare_steps before reserve(): size the batched cache first")
+        if self._pending is not None:
+            raise ValueError("prepare_steps between a verify and its commit; call commit() first")
+        if not self._graphs.enabled:
+            return
+        capacity = self._cache.capacity
+        for kind, width in sorted((k, w) for k, w in self._widths.items() if k in kinds):
+            if max(self._cache.host_lengths) + width > capacity:
+                raise ValueError(f"prepare_steps needs {width} free entries beyond every slot's committed ones "
+                                 f"({max(self._cache.host_lengths)} of {capacity} used); call it between runs")
+            self._width_for(kind, width)  # its buffers
+            buffers = self._buffers[(kind, width)]
+            for span in attention_spans(shortest + width, capacity):
+                if (kind, width, span) not in self._graphs:
+                    self._run(kind, width, span, buffers)
 
     def verified_ids(self) -> torch.Tensor:
         """(B, W) on the device: the last verify's input ids (row b's first N_b are ``[root, *draft]``), valid until

@@ -60,7 +60,7 @@ class CapturedStep:
 
 
 class StepGraphs:
-    """One captured graph per step key (e.g. a kind, or (kind, width)), replayed at every later step of that key.
+    """One captured graph per step key (e.g. a kind, or (kind, width, span)), replayed at every later step of that key.
 
     A step is ``forward(inputs)``: a function of static input buffers (and of device state the target owns, such
     as its KV cache) returning a tuple of output tensors; a replay reads whatever the caller copied into the same

@@ -65,6 +65,7 @@ class BatchedDraftModelProposer(BatchedProposer):
         self.target.reserve(num_tokens, 1)
         if self.target.cache_capacity != capacity:  # a new cache: every slot starts over
             self._anchor, self._fed = [0] * self.target.batch_size, [0] * self.target.batch_size
+        self.target.prepare_steps(kinds=("plain", "chain"))  # its steps' graphs at every span, before the timed run
 
     def begin_request(self, slot: int, prompt_ids: torch.Tensor) -> None:
         self._reset(slot)
