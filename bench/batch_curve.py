@@ -15,12 +15,12 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from _bench_target import add_target_arguments, load_target  # noqa: E402
 from _phase_clock import sync  # noqa: E402
 from speed_7b import MEDUSA_PROFILE  # noqa: E402
 from specbench.atomic_write import write_text_atomic  # noqa: E402
 from specbench.cli.arguments import list_argument_type  # noqa: E402
 from specbench.compile_watch import compiled_graphs  # noqa: E402
-from specbench.checkpoints.tiny import tiny_llama  # noqa: E402
 from specbench.engine.batched_decode import BatchedDecoder  # noqa: E402
 from specbench.engine.batched_proposers import BatchedProposer  # noqa: E402
 from specbench.engine.batched_target import BatchedStaticTarget  # noqa: E402
@@ -75,11 +75,6 @@ class ScriptedBatch(BatchedProposer):
 
     def propose(self, states):
         return {slot: self.slots[slot].propose(state) for slot, state in states.items()}
-
-
-def tiny_target(device: torch.device) -> StaticTarget:
-    """A seeded random Llama small enough for the CPU (fp32), for the smoke test."""
-    return StaticTarget.from_hf_model(tiny_llama(seed=0, max_context=512).to(device))
 
 
 def _finite(x):
@@ -219,10 +214,7 @@ def _num(value, width: int, digits: int, scale: float = 1.0) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("out_dir", help="where batch_curve.json is written (atomically)")
-    source = parser.add_mutually_exclusive_group(required=True)
-    source.add_argument("--synth-dir", help="`specbench zoo synth DIR` output (its target/ is loaded, bf16)")
-    source.add_argument("--tiny", action="store_true", help="a seeded tiny random Llama in fp32 instead (smoke test)")
-    parser.add_argument("--device", default="cuda")
+    add_target_arguments(parser)
     parser.add_argument("--batch-sizes", type=list_argument_type("batch_size"), default="1,2,4,8,16,32",
                         help="comma-separated distinct batch sizes >= 1 (default 1,2,4,8,16,32), run smallest first")
     parser.add_argument("--rounds", type=int, default=2, help="requests per slot: B x rounds prompts at batch size B")
@@ -236,11 +228,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--rounds, --repeats, -k and --prompt-len must be >= 1 and --new-tokens >= 2")
 
     device = torch.device(args.device)
-    if args.tiny:
-        static, dtype = tiny_target(device), "float32"
-    else:
-        static = StaticTarget.from_pretrained(str(Path(args.synth_dir) / "target"), dtype=torch.bfloat16, device=device)
-        dtype = "bfloat16"
+    static, dtype = load_target(args)
     vocab = static.vocab_size
     pool_size = max(args.batch_sizes) * args.rounds
     generator = torch.Generator().manual_seed(0)

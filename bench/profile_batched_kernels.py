@@ -26,10 +26,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from _bench_target import add_target_arguments, load_target  # noqa: E402
 from _phase_clock import sync  # noqa: E402
 
 from specbench.atomic_write import write_text_atomic  # noqa: E402
-from specbench.checkpoints.tiny import tiny_llama  # noqa: E402
 from specbench.cli.arguments import list_argument_type  # noqa: E402
 from specbench.engine.batched_inputs import SlotInput, slot_input  # noqa: E402
 from specbench.engine.batched_target import BatchedStaticTarget  # noqa: E402
@@ -216,10 +216,7 @@ def table(report: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("out_dir", help="where batched_kernels.json is written (atomically)")
-    source = parser.add_mutually_exclusive_group(required=True)
-    source.add_argument("--synth-dir", help="`specbench zoo synth DIR` output (its target/ is loaded, bf16)")
-    source.add_argument("--tiny", action="store_true", help="a seeded tiny random Llama in fp32 instead (smoke test)")
-    parser.add_argument("--device", default="cuda")
+    add_target_arguments(parser)
     parser.add_argument("--batch-sizes", type=list_argument_type("batch_size"), default="1,8,32",
                         help="comma-separated distinct batch sizes >= 1 (default 1,8,32)")
     parser.add_argument("--prompt-len", type=int, default=128)
@@ -231,11 +228,7 @@ def main(argv: list[str] | None = None) -> int:
     if min(args.k, args.reps, args.profile_steps, args.prompt_len) < 1 or args.context < args.prompt_len + args.k + 1:
         parser.error("-k, --reps, --profile-steps and --prompt-len must be >= 1, --context >= prompt-len + k + 1")
     device = torch.device(args.device)
-    if args.tiny:
-        static, dtype = StaticTarget.from_hf_model(tiny_llama(seed=0, max_context=512).to(device)), "float32"
-    else:
-        static = StaticTarget.from_pretrained(str(Path(args.synth_dir) / "target"), dtype=torch.bfloat16, device=device)
-        dtype = "bfloat16"
+    static, dtype = load_target(args)
     generator = torch.Generator().manual_seed(0)
     prompts = [torch.randint(1, static.vocab_size, (args.prompt_len,), generator=generator) for _ in range(8)]
     report = {"env": environment_fingerprint(device=str(device), dtype=dtype),
