@@ -20,7 +20,7 @@ from _phase_clock import sync  # noqa: E402
 from speed_7b import MEDUSA_PROFILE  # noqa: E402
 from specbench.atomic_write import write_text_atomic  # noqa: E402
 from specbench.cli.arguments import list_argument_type  # noqa: E402
-from specbench.compile_watch import compiled_graphs  # noqa: E402
+from specbench.compile_watch import TimedWindow  # noqa: E402
 from specbench.engine.batched_decode import BatchedDecoder  # noqa: E402
 from specbench.engine.batched_proposers import BatchedProposer  # noqa: E402
 from specbench.engine.batched_target import BatchedStaticTarget  # noqa: E402
@@ -132,6 +132,7 @@ def measure_batch(static: StaticTarget, batch: int, prompts: list, truths: dict,
     # the full cache and the chain width first: a cache that grew after the warm-up would re-capture while timed
     target.reserve(max(p.numel() for p in prompts) + config.max_new_tokens + args.k, args.k)
     target.prepare_prefills([p.numel() for p in prompts])  # the one-prompt prefill graphs, never captured while timed
+    target.prepare_steps(min(p.numel() for p in prompts))  # every step graph at every attention span, likewise
     if single is not None:
         static.reserve(max(p.numel() for p in prompts) + config.max_new_tokens + args.k, args.k)  # before any capture
     figures: dict = {"batch_size": batch}
@@ -141,26 +142,31 @@ def measure_batch(static: StaticTarget, batch: int, prompts: list, truths: dict,
         BatchedDecoder(target, make(), warm).generate_all(prompts[:batch])  # sizes the cache, captures the graphs
         decoder = BatchedDecoder(target, make(), config)
         alone = single_sequence(static, kind, prompts, truths, args, config) if single is not None else None
-        compiled = compiled_graphs()
+        batched_window, alone_window = TimedWindow(target), TimedWindow(static)
         runs, alone_runs = [], []
         for _ in range(args.repeats):  # the single-sequence engine's runs interleaved with the batched ones
-            runs.append(timed(static.device, lambda: (decoder.generate_all(prompts), decoder.stats)))
+            with batched_window.timed():
+                runs.append(timed(static.device, lambda: (decoder.generate_all(prompts), decoder.stats)))
             if alone is not None:
-                alone_runs.append(timed(static.device, alone))
-        compiled = compiled_graphs() - compiled
+                with alone_window.timed():
+                    alone_runs.append(timed(static.device, alone))
         (results, stats), wall, peak = sorted(runs, key=lambda r: r[1])[len(runs) // 2]  # the median run by wall time
         figures[kind] = {**summarize(results, wall, stats), "peak_memory_bytes": peak,
-                         "mean_active_slots": statistics.fmean(stats.active_per_step),
-                         "compiled_while_timed": compiled}  # torch.compile graphs compiled inside the timed runs
+                         "mean_active_slots": statistics.fmean(stats.active_per_step), **watched(batched_window)}
         if alone is not None:
             results, wall, peak = sorted(alone_runs, key=lambda r: r[1])[len(alone_runs) // 2]  # its median run
-            single[kind] = {**summarize(results, wall), "peak_memory_bytes": peak, "compiled_while_timed": compiled}
+            single[kind] = {**summarize(results, wall), "peak_memory_bytes": peak, **watched(alone_window)}
         if kind != "plain":
             plain = figures["plain"]["throughput_tokens_per_s"]
             figures[kind]["speedup_vs_plain"] = figures[kind]["throughput_tokens_per_s"] / plain if plain else None
     figures["capture_seconds"] = target.capture_seconds
     figures["cuda_graphs"] = target.cuda_graphs
     return figures
+
+
+def watched(window: TimedWindow) -> dict:
+    """What the timed runs compiled (torch.compile graphs) and captured (seconds of CUDA graphs): 0 when warm."""
+    return {"compiled_while_timed": window.compiled, "captured_while_timed_s": window.captured}
 
 
 def single_sequence(static: StaticTarget, kind: str, prompts: list, truths: dict, args, config):

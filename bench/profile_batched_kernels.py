@@ -30,6 +30,7 @@ from _bench_target import add_target_arguments, load_target  # noqa: E402
 from _phase_clock import sync  # noqa: E402
 
 from specbench.atomic_write import write_text_atomic  # noqa: E402
+from specbench.engine.batched_cache import attention_span  # noqa: E402
 from specbench.cli.arguments import list_argument_type  # noqa: E402
 from specbench.engine.batched_inputs import SlotInput, slot_input  # noqa: E402
 from specbench.engine.batched_target import BatchedStaticTarget  # noqa: E402
@@ -41,8 +42,8 @@ from specbench.env import environment_fingerprint  # noqa: E402
 # (kind, substrings of a kernel's name that put it there), the first match wins
 KINDS = (
     ("attention", ("fmha", "attention", "flash", "softmax", "attn")),
-    ("matmul", ("gemm", "gemv", "cutlass", "nvjet", "sm90_", "sm80_", "cublas", "splitk", "matmul", "addmm", "mm")),
-    ("kv_write", ("index", "scatter", "put")),
+    ("matmul", ("gemm", "gemv", "cutlass", "nvjet", "xmma", "cublas", "splitk", "matmul", "addmm", "_mm_")),
+    ("kv_write", ("index_put", "index_elementwise", "scatter")),  # advanced-index writes (and reads) of the cache
 )
 
 
@@ -155,15 +156,18 @@ class _Chain:
 
 def attention_variants(batch: int, width: int, context: int, shape, dtype, device, reps: int) -> dict:
     """One layer's decode attention at (B, W) over ``context`` cache entries per slot, ms per call (median of
-    ``reps``): the engine's SDPA with an additive bias (what the step runs), SDPA's math backend, a plain
-    matmul-softmax-matmul, and SDPA without a mask over all entries (a floor: no kernel reads less)."""
+    ``reps``): SDPA with an additive bias over the whole cache and over the step's attention span (what the
+    step runs: engine/batched_cache.attention_span), SDPA's math backend, a plain matmul-softmax-matmul, and
+    SDPA without a mask over all entries."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.nn import functional as F
 
     heads, dim = shape.num_heads, shape.head_dim
     q = torch.randn(batch, heads, width, dim, dtype=dtype, device=device)  # (B, NH, W, D)
     k, v = (torch.randn(batch, heads, context, dim, dtype=dtype, device=device) for _ in range(2))  # (B, NH, S, D)
-    lengths = torch.randint(context // 2, context - width, (batch,), device=device)  # (B,) ragged live lengths
+    generator = torch.Generator().manual_seed(batch)
+    lengths = torch.randint(context // 2, context - width, (batch,), generator=generator).to(device)  # (B,) ragged
+    span = attention_span(int(lengths.max()) + width, context)
     allowed = torch.arange(context, device=device)[None, None] < (lengths[:, None, None] + width)  # (B, 1, S)
     bias = torch.zeros(batch, 1, width, context, dtype=dtype, device=device).masked_fill_(~allowed[:, None], float("-inf"))
 
@@ -176,6 +180,8 @@ def attention_variants(batch: int, width: int, context: int, shape, dtype, devic
             return F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
 
     variants = {"sdpa_bias": lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=bias),
+                "sdpa_bias_span": lambda: F.scaled_dot_product_attention(q, k[:, :, :span], v[:, :, :span],
+                                                                         attn_mask=bias[..., :span]),
                 "sdpa_math": math_backend, "matmul_softmax": matmul,
                 "sdpa_no_mask": lambda: F.scaled_dot_product_attention(q, k, v)}
     out = {}

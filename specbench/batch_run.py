@@ -21,7 +21,7 @@ from specbench.gating.curves import curve_name
 from specbench.metrics import aggregate
 from specbench.run_parts import (RunResult, _request_record, build_proposer, generation_config, load_prompt_ids,
                                  load_target, lossless_report)
-from specbench.compile_watch import capture_flags, compile_flags, compiled_graphs
+from specbench.compile_watch import TimedWindow
 from specbench.speed import measurement_flags, repeat_record, speed_over_repeats
 
 SWEEP_SCHEMA_VERSION = 1
@@ -116,7 +116,10 @@ def run_batched_case(case: Case, *, progress: bool = True, target=None, tokenize
     # the memory check (bytes needed and free) and the one cache allocation, before per-slot state or warm-up
     target.reserve(max(p.numel() for p in ids) + case.max_new_tokens + room, room)
     target.prepare_prefills([p.numel() for p in ids])  # every prompt's prefill graph before anything is timed
+    target.prepare_steps(min(p.numel() for p in ids))  # every step graph at every span the run can reach
     batched_proposer = batched_form(case, static, proposer, case.batch_size)
+    if batched_proposer is not None:  # sized for the whole run now: growing later drops its graphs mid-run
+        batched_proposer.reserve(max(p.numel() for p in ids) + case.max_new_tokens + room)
     plain_decoder, spec_decoder = BatchedDecoder(target, None, config), BatchedDecoder(target, batched_proposer, config)
 
     warm = GenerationConfig(max_new_tokens=min(4, case.max_new_tokens), sampling=config.sampling, seed=case.seed)
@@ -124,13 +127,15 @@ def run_batched_case(case: Case, *, progress: bool = True, target=None, tokenize
         BatchedDecoder(target, proposer_now, warm).generate_all(ids[: case.batch_size])
 
     _reset_peak_memory(target.device)
-    compiled_before, captured_before = compiled_graphs(), target.capture_seconds
+    window = TimedWindow(target, batched_proposer)  # what the timed runs compiled or captured (none, when warm)
     records, repeats, first, peaks = [], [], None, []
     bar = tqdm(total=2 * case.repeats, desc=case.case_id, unit="run", disable=not progress)
     for repeat in range(case.repeats):
-        plain, plain_s = _timed_run(plain_decoder, ids, seeds, target.device)
+        with window.timed():
+            plain, plain_s = _timed_run(plain_decoder, ids, seeds, target.device)
         bar.update()
-        spec, spec_s = _timed_run(spec_decoder, ids, seeds, target.device)
+        with window.timed():
+            spec, spec_s = _timed_run(spec_decoder, ids, seeds, target.device)
         bar.update()
         peaks.append(_peak_memory(target.device))  # the timed runs' peak, not the step costs'
         # T(1), T(W) and propose at B, all slots active, on the same target between runs (docs/batching.md)
@@ -141,7 +146,6 @@ def run_batched_case(case: Case, *, progress: bool = True, target=None, tokenize
         repeats.append(batch_repeat_record(repeat, now, spec, spec_s, plain, plain_s, costs))
         first = first or (plain, spec, spec_decoder.stats)  # every repeat decodes the same tokens (same seeds)
     bar.close()
-    compiled, captured = compiled_graphs() - compiled_before, target.capture_seconds - captured_before
     plain, spec, stats = first
 
     metrics = aggregate([r.counters for r in spec], [r.timing for r in spec])
@@ -162,8 +166,7 @@ def run_batched_case(case: Case, *, progress: bool = True, target=None, tokenize
     created_at = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     env = environment_fingerprint(device=case.device, dtype=case.dtype)
     return RunResult(case, metrics, records, correctness, env, details, created_at, repeats,
-                     measurement_flags(metrics, measured="batch_speedup") + compile_flags(compiled, "timed runs")
-                     + capture_flags(captured, "timed runs"))
+                     measurement_flags(metrics, measured="batch_speedup") + window.flags())
 
 
 # ---- curves: results that differ only in batch size --------------------------------------------------------

@@ -14,7 +14,7 @@ from specbench.engine.step_costs import measure_step_costs
 from specbench.env import environment_fingerprint
 from specbench.metrics import aggregate
 from specbench.run_parts import RunResult, _request_record, generation_config, load_prompt_ids, lossless_report
-from specbench.compile_watch import capture_flags, compile_flags, compiled_graphs
+from specbench.compile_watch import TimedWindow
 from specbench.speed import measurement_flags, repeat_record, speed_over_repeats
 
 
@@ -39,14 +39,15 @@ def decode_case(case: Case, target, tokenizer, proposer, *, progress: bool = Tru
     Decoder(target, None, warm).generate(prompts[0][1])
     Decoder(target, proposer, warm).generate(prompts[0][1])
 
-    compiled_before, captured_before = compiled_graphs(), getattr(target, "capture_seconds", 0.0)
+    window = TimedWindow(target, proposer)  # what the timed requests compiled or captured (none, when warm)
     plain_results, spec_results, records, repeats = [], [], [], []
     for repeat in range(case.repeats):
         label = case.case_id if case.repeats == 1 else f"{case.case_id} [{repeat + 1}/{case.repeats}]"
         plain_now, spec_now = [], []
         for index, (prompt_id, ids) in enumerate(tqdm(prompts, desc=label, unit="prompt", disable=not progress)):
-            plain = plain_decoder.generate(ids, seed=case.seed + index)
-            spec = spec_decoder.generate(ids, seed=case.seed + index)
+            with window.timed():
+                plain = plain_decoder.generate(ids, seed=case.seed + index)
+                spec = spec_decoder.generate(ids, seed=case.seed + index)
             plain_now.append(plain)
             spec_now.append(spec)
             records.append(_request_record(prompt_id, spec, plain, repeat))
@@ -55,8 +56,6 @@ def decode_case(case: Case, target, tokenizer, proposer, *, progress: bool = Tru
         if repeat == 0:  # every repeat decodes the same tokens (same seeds): counters come from the first
             plain_results, spec_results = plain_now, spec_now
 
-    compiled = compiled_graphs() - compiled_before
-    captured = getattr(target, "capture_seconds", 0.0) - captured_before
     metrics = aggregate([r.counters for r in spec_results], [r.timing for r in spec_results])
     metrics.update(speed_over_repeats(repeats))
     # only greedy verification promises identical outputs; sampled runs differ legitimately
@@ -68,4 +67,4 @@ def decode_case(case: Case, target, tokenizer, proposer, *, progress: bool = Tru
                "engine": {"name": case.engine, "capture_seconds": getattr(target, "capture_seconds", 0.0)}}
     created_at = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     return RunResult(case, metrics, records, correctness, env, details, created_at, repeats,
-                     measurement_flags(metrics) + compile_flags(compiled, "timed runs") + capture_flags(captured, "timed runs"))
+                     measurement_flags(metrics) + window.flags())

@@ -3,6 +3,8 @@ and CUDA-graph captures (their seconds would be inside the speed figures)."""
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import torch
 
 
@@ -36,4 +38,29 @@ def capture_flags(seconds: float, where: str) -> list[dict]:
         "message": (f"the target captured CUDA graphs for {seconds:.2f} s during the {where}: capture time is inside "
                     "these speed figures; a step or prefill shape the warm-up did not reach (report it as an engine bug)"),
     }]
+
+
+def capture_seconds(*owners) -> float:
+    """Graph-capture seconds so far of ``owners`` (a target, a proposer: whatever has ``capture_seconds``)."""
+    return sum(float(getattr(owner, "capture_seconds", 0.0) or 0.0) for owner in owners if owner is not None)
+
+
+class TimedWindow:
+    """Compilations and the ``owners``' capture seconds summed over the timed calls run under :meth:`timed` only (a
+    run's untimed step-cost measurement between them is left out)."""
+
+    def __init__(self, *owners):
+        self.owners, self.compiled, self.captured = owners, 0, 0.0
+
+    @contextmanager
+    def timed(self):
+        compiled, captured = compiled_graphs(), capture_seconds(*self.owners)
+        try:
+            yield
+        finally:
+            self.compiled += compiled_graphs() - compiled
+            self.captured += capture_seconds(*self.owners) - captured
+
+    def flags(self, where: str = "timed runs") -> list[dict]:
+        return compile_flags(self.compiled, where) + capture_flags(self.captured, where)
 

@@ -48,14 +48,35 @@ def prefilled(static, batch: int = 2, capacity: int = 200, **options) -> Batched
     return target
 
 
-def test_a_step_over_its_span_scores_as_over_the_whole_cache(static, monkeypatch):
-    step = [SlotInput(torch.tensor([3, 4, 5, 6]), torch.arange(4)), SlotInput(torch.tensor([7, 8]), torch.arange(2))]
-    spanned = prefilled(static).verify(step)  # the longest slot holds 29 entries: span 64 of 200
+TREE = torch.tensor([[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 1, 0, 1]], dtype=torch.bool)  # root, a, b, a's child
+STEPS = {  # (the step's inputs, slots truncated back first)
+    "chain": ([SlotInput(torch.tensor([3, 4, 5, 6]), torch.arange(4)), SlotInput(torch.tensor([7, 8]), torch.arange(2))],
+              {}),
+    "tree, an idle slot": ([None, SlotInput(torch.tensor([3, 4, 5, 6]), torch.tensor([0, 1, 1, 2]), TREE)], {}),
+    "after truncate": ([SlotInput(torch.tensor([5]), torch.zeros(1, dtype=torch.long)),
+                        SlotInput(torch.tensor([6, 7, 8]), torch.arange(3))], {1: 12}),
+}
+
+
+@pytest.mark.parametrize("label", list(STEPS))
+def test_a_step_over_its_span_scores_as_over_the_whole_cache(static, monkeypatch, label):
+    inputs, truncate = STEPS[label]
+
+    def scored():
+        target = prefilled(static)  # slots of 9 and 29 entries: the chain's span is 64 of 200
+        if truncate:
+            target.truncate(truncate)
+        out = target.verify(inputs)
+        return out, [n for x, n in zip(inputs, range(2)) if x is not None]
+
+    spanned, live = scored()
     monkeypatch.setattr(batched_module, "attention_span", lambda needed, capacity: capacity)
-    whole = prefilled(static).verify(step)
-    torch.testing.assert_close(spanned.logits, whole.logits, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(spanned.hidden_states, whole.hidden_states, rtol=1e-5, atol=1e-5)
-    assert spanned.logits.argmax(-1).tolist() == whole.logits.argmax(-1).tolist()
+    whole, _ = scored()
+    for slot in live:  # every real node's scores, idle and padded rows aside
+        n = len(inputs[slot])
+        torch.testing.assert_close(spanned.logits[slot, :n], whole.logits[slot, :n], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(spanned.hidden_states[slot, :n], whole.hidden_states[slot, :n], rtol=1e-5, atol=1e-5)
+        assert spanned.logits[slot, :n].argmax(-1).tolist() == whole.logits[slot, :n].argmax(-1).tolist()
 
 
 def test_prepare_steps_captures_every_span_once_and_the_spans_share_their_outputs(static):
@@ -68,9 +89,9 @@ def test_prepare_steps_captures_every_span_once_and_the_spans_share_their_output
     target.verify(step)
     target.commit([[0, 1, 2, 3], None])
     assert target.graphs.captures == captured  # nothing new: the run replays what was prepared
-    buffers = target._buffers[("chain", 4)]
-    for span in (64, 200):  # every span's forward writes the same outputs (a CUDA graph's static ones)
-        assert target._forward(buffers, span) is buffers.outputs
+    shared = target._buffers[("chain", 4)].outputs  # every span's graph writes the same static outputs
+    spans = [step for key, step in target.graphs.captured.items() if key[:2] == ("chain", 4)]
+    assert len(spans) > 1 and all(step.outputs[0] is shared[0] and step.outputs[1] is shared[1] for step in spans)
     target.prepare_steps(9)  # a no-op for what is captured; the tree kind now too
     assert {key[0] for key in target.graphs.captures} == {"plain", "chain", "tree"}
 

@@ -39,6 +39,7 @@ def test_report_structure(report):
             assert figures["admission_s"] + figures["decode_s"] <= figures["wall_s"]  # the run's two phases, apart
             assert "peak_memory_bytes" in figures  # None off CUDA
             assert figures["compiled_while_timed"] == 0  # the CPU engine compiles nothing; on CUDA the warm-up does
+            assert figures["captured_while_timed_s"] == 0.0  # nor captures
         assert point["plain"]["num_drafts"] == 0 and point["plain"]["mean_acceptance_length"] == 1.0
         assert point["oracle"]["speedup_vs_plain"] > 0 and point["medusa_profile"]["speedup_vs_plain"] > 0
     assert set(report["single_sequence_batch_1"]) == {"plain", "oracle"}

@@ -129,10 +129,13 @@ def test_the_draft_steps_replay_captured_graphs_as_eagerly(reference, draft_mode
     proposer = for_batch(single_proposer(static, draft_model, 3), 3)
     proposer.target = BatchedStaticTarget.from_static_target(draft_model, 3, cuda_graphs=True, graph_backend=FakeCapture())
     decoder = BatchedDecoder(BatchedStaticTarget.from_static_target(static, 3), proposer, config)
-    assert_each_request_as_alone(decoder.generate_all(prompts), alone_k3[0])
+    proposer.reserve(max(p.numel() for p in prompts) + config.max_new_tokens + 3)  # what the decoder's reserve asks
     graphs = proposer.target.graphs
-    assert {key[:2] for key in graphs.captures} == {("plain", 1), ("chain", 2)} and set(graphs.captures.values()) == {1}
-    assert sum(graphs.replays.values()) > 2 * len(graphs.captures), graphs.replays  # the steps replayed them
+    prepared = dict(graphs.captures)
+    assert {key[:2] for key in prepared} == {("plain", 1), ("chain", 2)} and set(prepared.values()) == {1}
+    assert_each_request_as_alone(decoder.generate_all(prompts), alone_k3[0])
+    assert graphs.captures == prepared  # every key was captured at reserve, none while decoding
+    assert sum(graphs.replays.values()) > 2 * len(prepared), graphs.replays  # the steps replayed them
 
 
 def test_for_batch_keeps_a_sampled_draft_per_slot(reference, draft_model):

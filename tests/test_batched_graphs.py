@@ -28,7 +28,7 @@ class ReplayingGraph:
 
     def __init__(self, forward, inputs, outputs):
         self.forward, self.inputs, self.outputs = forward, inputs, outputs
-        owner = getattr(forward, "__self__", None)
+        owner = getattr(getattr(forward, "func", forward), "__self__", None)  # a bound method, or a partial of one
         self.owner = owner
         self.cache_ptr = None if owner is None else owner._cache.kv.data_ptr()
 
@@ -48,7 +48,7 @@ class FakeCapture:
         self.pools_released = 0
 
     def capture(self, forward, inputs):
-        outputs = tuple(None if t is None else t.clone() for t in forward(inputs))  # static output storage
+        outputs = tuple(forward(inputs))  # static output storage: what the captured step wrote, as a CUDA graph's
         graph = ReplayingGraph(forward, inputs, outputs)
         self.graphs.append(graph)
         return graph, outputs

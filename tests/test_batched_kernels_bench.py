@@ -34,7 +34,10 @@ def test_cpu_report_structure(bench, tmp_path):
     ("nvjet_tst_128x64_64x8_1x1_v_bz_TNT", "matmul"),
     ("sm90_xmma_gemm_bf16bf16_bf16f32", "matmul"),
     ("void at::native::index_put_kernel_impl<...>", "kv_write"),
+    ("void at::native::index_elementwise_kernel<128, 4, ...>", "kv_write"),
+    ("triton_red_fused_mm_t_0", "matmul"),
     ("void at::native::vectorized_elementwise_kernel<4, ...>", "other"),
+    ("ncclDevKernel_AllReduce_Sum_bf16 (comm)", "other"),
 ])
 def test_kernel_kinds(bench, name, kind):
     assert bench.kind_of(name) == kind

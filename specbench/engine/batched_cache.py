@@ -111,11 +111,11 @@ class BatchedKVCache:
         """(B, W) the cache positions each slot's verify input of ``width`` nodes goes to: right after its live ones."""
         return self.lengths[:, None] + self.slot_index[None, :width]
 
-    def attention_mask(self, tree: torch.Tensor, span: int | None = None) -> torch.Tensor:
-        """(B, W, K) bool over the first K = ``span`` entries (default: all S): each slot's live entries, plus the new
-        entries its ``tree`` rows ``(B, W, W)`` allow; every entry a real node attends to must lie below K."""
+    def attention_mask(self, tree: torch.Tensor, span: int) -> torch.Tensor:
+        """(B, W, K) bool over the first K = ``span`` entries: each slot's live entries, plus the new entries its
+        ``tree`` rows ``(B, W, W)`` allow; every entry a real node attends to must lie below K."""
         batch, width = tree.shape[:2]
-        slots = self.slot_index if span is None else self.slot_index[:span]  # (K,)
+        slots = self.slot_index[:span]  # (K,)
         offset = slots[None, :] - self.lengths[:, None]  # (B, K) position relative to the slot's first new entry
         is_new = (offset >= 0) & (offset < width)  # (B, K)
         spread = offset.clamp(0, width - 1)[:, None, :].expand(batch, width, -1)  # (B, W, K)

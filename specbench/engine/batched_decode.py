@@ -155,7 +155,8 @@ class BatchedDecoder:
         longest = max(p.numel() for p in prompts) + self.config.max_new_tokens + self._draft_room
         self.target.reserve(longest, self._draft_room)
         self.target.prepare_prefills([p.numel() for p in prompts])  # lone admissions replay these graphs
-        self.target.prepare_steps(min(p.numel() for p in prompts))  # every step graph, at every attention span
+        kinds = ("plain",) if self.proposer is None else ("plain", "chain", "tree")  # a plain run verifies no draft
+        self.target.prepare_steps(min(p.numel() for p in prompts), kinds)  # every step graph, at every attention span
         self._history = _History(self.target.batch_size, longest + 1, self.target.device)
         if self.proposer is not None:
             self.proposer.reserve(longest)

@@ -253,6 +253,7 @@ class BatchedStaticTarget:
                 shared.copy_(value)
         return buffers.outputs
 
+    @torch.inference_mode()
     def prepare_steps(self, shortest: int = 1, kinds: tuple[str, ...] = ("plain", "chain", "tree")) -> None:
         """Capture every step graph a run can replay, before anything is timed (CUDA graphs on; a no-op without them
         or for keys already captured): each of ``kinds``' width (plain, and chain and tree once reserved) at every

@@ -61,7 +61,7 @@ class CapturedPrefill:
         return self.graphs.enabled and bucket(length) <= capacity
 
     def drop(self) -> None:
-        """Forget the graphs and their buffers (the aux layers changed, or the cache was reallocated)."""
+        """Forget the graphs and their buffers (the aux layers changed: their outputs do)."""
         self.graphs.drop()
         self._buffers.clear()
 

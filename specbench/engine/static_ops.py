@@ -85,8 +85,9 @@ EAGER_OPS = StepOps(*STAGES, linear=F.linear)
 
 def compiled_ops(*, autotune_gemv: bool = False) -> StepOps:
     """Every stage through ``torch.compile`` (inductor, no CUDA graphs of its own: the caller captures the
-    whole step). Each stage specialises on its first shape and, when a second verify width arrives,
-    recompiles once with the width symbolic, so a run compiles each stage at most twice.
+    whole step). Each stage specialises on its first shape and recompiles once for each dimension that then
+    varies (the verify width; in the batched engine also the attention span), with that dimension symbolic:
+    a few compilations per stage, all while the step graphs are captured, before a run is timed.
 
     ``autotune_gemv`` also routes the one-row matmuls of plain decoding through max-autotune, where Triton
     GEMV templates compete with cuBLAS for each weight shape (on an H200 they read a 7B step's weights at

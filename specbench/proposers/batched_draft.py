@@ -55,6 +55,11 @@ class BatchedDraftModelProposer(BatchedProposer):
     def max_draft_tokens(self) -> int:
         return self.k
 
+    @property
+    def capture_seconds(self) -> float:
+        """The draft target's graph capture so far (a run checks that none happened while timed)."""
+        return self.target.capture_seconds
+
     def describe(self) -> dict:
         return {**self._settings, "engine": type(self.target).__name__,
                 "batching": "batched draft model (greedy; a temperature > 0 draft runs per slot)"}
@@ -65,6 +70,8 @@ class BatchedDraftModelProposer(BatchedProposer):
         self.target.reserve(num_tokens, 1)
         if self.target.cache_capacity != capacity:  # a new cache: every slot starts over
             self._anchor, self._fed = [0] * self.target.batch_size, [0] * self.target.batch_size
+        for slot in range(self.target.batch_size):  # between runs: no request holds a slot, so none keeps stale entries
+            self._reset(slot)
         self.target.prepare_steps(kinds=("plain", "chain"))  # its steps' graphs at every span, before the timed run
 
     def begin_request(self, slot: int, prompt_ids: torch.Tensor) -> None:

@@ -66,6 +66,11 @@ class DraftModelProposer(Proposer):
     def max_draft_tokens(self) -> int:
         return self.k
 
+    @property
+    def capture_seconds(self) -> float:
+        """The draft target's graph capture so far (a run checks that none happened while timed)."""
+        return getattr(self.draft, "capture_seconds", 0.0)
+
     def describe(self) -> dict:
         return {"name": self.name, "draft": self.source, "num_speculative_tokens": self.k,
                 "temperature": self.temperature, "engine": type(self.draft).__name__}

@@ -224,6 +224,11 @@ class EagleProposer(Proposer):
 
     # -- per request -----------------------------------------------------------------------------------
 
+    @property
+    def capture_seconds(self) -> float:
+        """The drafting graphs' capture so far (a run checks that none happened while timed)."""
+        return self.captured.graphs.capture_seconds
+
     def reserve(self, num_tokens: int) -> None:
         """Draft-cache room for requests of ``num_tokens`` tokens plus one step's expansion."""
         self._capacity = max(self._capacity, num_tokens + self.expansion_slots)
