@@ -1,6 +1,7 @@
 """The single-sequence static engine's prefill through a graph per padded width (engine/prefill_graphs.py, the CPU
 stand-in of a CUDA graph): the cache and outputs are the eager prefill's, greedy decoding is unchanged, the decode
-loop captures before its clock starts, aux streams survive, and the draft model's own target keeps prefills eager."""
+loop captures before its clock starts, aux streams survive, and the draft model's own target keeps prefills eager;
+its step graphs are prepared before a request too (prepare_steps)."""
 
 from __future__ import annotations
 
@@ -70,6 +71,22 @@ def test_aux_streams_come_through_a_captured_prefill_and_new_aux_layers_drop_its
     assert got.aux_hidden_states.shape == (PROMPTS[1].numel(), 2 * eager.module.shape.hidden_size)
     torch.testing.assert_close(got.aux_hidden_states, want.aux_hidden_states)
     assert captured.prefill_graphs.graphs.captures[("prefill", 16)] == 2
+
+
+def test_every_sized_step_kind_is_captured_before_a_request_and_none_while_decoding():
+    model = tiny_llama_model()
+    target = StaticTarget(StaticTarget.from_hf_model(model).module, model.config, graph_backend=FakeCapture())
+    with pytest.raises(ValueError, match="prepare_steps before reserve"):
+        target.prepare_steps()
+    target.reserve(64, 3)
+    target.prepare_steps()
+    assert set(target._graphs.captures) == {"plain", "chain", "tree"}  # each sized kind, before any step
+    prepared = dict(target._graphs.captures)
+    config = GenerationConfig(max_new_tokens=12, ignore_eos=True)
+    want = Decoder(StaticTarget.from_hf_model(model), NgramProposer(num_speculative_tokens=3), config).generate(PROMPTS[0])
+    got = Decoder(target, NgramProposer(num_speculative_tokens=3), config).generate(PROMPTS[0])
+    assert got.output_token_ids == want.output_token_ids and got.counters == want.counters
+    assert dict(target._graphs.captures) == prepared  # the request replayed them: nothing captured while timed
 
 
 def test_prepare_prefills_needs_a_reserved_cache():

@@ -78,6 +78,7 @@ class Decoder:
         draft_room = self.proposer.max_draft_tokens if self.proposer else 0
         self.target.reserve(prompt.numel() + self.config.max_new_tokens + draft_room, draft_room)
         self.target.prepare_prefills([prompt.numel()])  # a prefill graph's capture, if any, before the clock starts
+        self.target.prepare_steps()  # and the step graphs' (a kind the warm-up never stepped)
         if self.proposer is not None:
             self.proposer.reserve(prompt.numel() + self.config.max_new_tokens + draft_room)
         device = self.target.device

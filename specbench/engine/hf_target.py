@@ -86,6 +86,9 @@ class HFTarget:
     def prepare_prefills(self, lengths) -> None:
         """Nothing to capture: transformers' own forward runs each prefill."""
 
+    def prepare_steps(self) -> None:
+        """Nothing to capture: transformers' own forward runs each step."""
+
     def truncate(self, length: int) -> None:
         """Drop committed cache entries beyond ``length`` (benchmarks re-verify from one cache state)."""
         excess = self.cache_length - length

@@ -195,6 +195,26 @@ class StaticTarget:
             raise ValueError("prepare_prefills before reserve(): size the KV cache first")
         self.prefill_graphs.prepare(lengths, self._cache.kv, self.aux_layers)
 
+    @torch.inference_mode()
+    def prepare_steps(self, kinds: tuple[str, ...] = ("plain", "chain", "tree")) -> None:
+        """Capture the step graph of each of ``kinds`` that is sized (plain always; chain and tree once ``reserve`` gave
+        draft room) before anything is timed (graphs on; a no-op without them or once captured): a kind a short
+        warm-up never stepped would otherwise be captured inside a timed request. A capture's forward writes only
+        beyond the committed entries, where every verify writes; kinds without room there are left to capture at
+        their first step."""
+        if self._cache is None:
+            raise ValueError("prepare_steps before reserve(): size the KV cache first")
+        if not self._graphs.enabled or self._pending is not None:
+            return  # nothing to capture; or a verify awaits its commit (the next prefill resets it): steps capture lazily
+        for kind in kinds:
+            width = self._widths.get(kind, 0)
+            if not width or self._cache.host_length + width > self._cache.capacity:
+                continue  # not sized, or no room now (its first step captures it, as without preparing)
+            self._width_for(kind, width)
+            step = self._graphs.captured.get(kind)
+            if step is None or step.inputs is not self._buffers[kind]:
+                self._step(kind, self._buffers[kind])
+
     def _allocate(self, capacity: int) -> None:
         s = self.module.shape
         self._graphs.drop()  # graphs read the old cache's addresses

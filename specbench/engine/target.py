@@ -45,6 +45,10 @@ class Target(Protocol):
         """Get ready to prefill prompts of these ``lengths`` (capture what their prefill replays; a no-op for targets
         that capture nothing). Called after ``reserve`` and before timing starts, like it."""
 
+    def prepare_steps(self) -> None:
+        """Capture the verify steps ``reserve`` sized (a no-op for targets that capture nothing). Called after
+        ``reserve`` and before timing starts, like it."""
+
     def prefill(self, input_ids: torch.Tensor) -> TargetOutput:
         """Run the prompt ``(T,)`` into an empty cache; returns the last position's logits ``(1, V)`` and the
         hidden states of every prompt position ``(T, H)`` (feature-reading proposers such as EAGLE need them)."""
