@@ -63,4 +63,3 @@ class TimedWindow:
 
     def flags(self, where: str = "timed runs") -> list[dict]:
         return compile_flags(self.compiled, where) + capture_flags(self.captured, where)
-

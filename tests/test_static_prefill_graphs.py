@@ -48,7 +48,7 @@ def test_a_captured_prefill_leaves_the_cache_and_outputs_as_the_eager_one():
 def test_greedy_decoding_with_captured_prefills_is_unchanged_and_captures_before_the_clock():
     eager, captured = targets()
     calls = []
-    for name in ("prepare_prefills", "prefill"):
+    for name in ("prepare_prefills", "prepare_steps", "prefill"):
         method = getattr(captured, name)
         setattr(captured, name, lambda *a, _m=method, _n=name: (calls.append(_n), _m(*a))[1])
     config = GenerationConfig(max_new_tokens=12, ignore_eos=True)
@@ -56,8 +56,8 @@ def test_greedy_decoding_with_captured_prefills_is_unchanged_and_captures_before
         want = Decoder(eager, NgramProposer(num_speculative_tokens=3), config).generate(prompt)
         got = Decoder(captured, NgramProposer(num_speculative_tokens=3), config).generate(prompt)
         assert got.output_token_ids == want.output_token_ids and got.counters == want.counters
-    # each request prepares its prompt's bucket (captured then, untimed) before the timed prefill replays it
-    assert calls == ["prepare_prefills", "prefill"] * len(PROMPTS)
+    # each request prepares its prompt's bucket and its step graphs (captured then, untimed) before the timed prefill
+    assert calls == ["prepare_prefills", "prepare_steps", "prefill"] * len(PROMPTS)
     assert captured.prefill_graphs.graphs.captures == {("prefill", 16): 1, ("prefill", 32): 1, ("prefill", 64): 1}
 
 

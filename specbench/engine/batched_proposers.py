@@ -57,6 +57,11 @@ class PerSlotProposer(BatchedProposer):
     def max_draft_tokens(self) -> int:
         return max(p.max_draft_tokens for p in self.proposers)
 
+    @property
+    def capture_seconds(self) -> float:
+        """Every slot's proposer's graph capture so far (a run checks that none happened while timed)."""
+        return sum(float(getattr(p, "capture_seconds", 0.0) or 0.0) for p in self.proposers)
+
     def reserve(self, num_tokens: int) -> None:
         for proposer in self.proposers:
             proposer.reserve(num_tokens)

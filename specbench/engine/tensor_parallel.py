@@ -228,6 +228,11 @@ class RankZeroProposer(Proposer):
     def max_draft_tokens(self) -> int:
         return self.inner.max_draft_tokens
 
+    @property
+    def capture_seconds(self) -> float:
+        """The wrapped proposer's graph capture so far (rank 0's; a run checks that none happened while timed)."""
+        return float(getattr(self.inner, "capture_seconds", 0.0) or 0.0)
+
     def reserve(self, num_tokens: int) -> None:
         self.inner.reserve(num_tokens)
 

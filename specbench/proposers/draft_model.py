@@ -78,6 +78,7 @@ class DraftModelProposer(Proposer):
     def reserve(self, num_tokens: int) -> None:
         # the draft cache holds the history plus the K - 1 drafted tokens it feeds; catch-up steps feed up to 2
         self.draft.reserve(num_tokens, 1)
+        self.draft.prepare_steps()  # its step graphs before the clock: a short warm-up may never reach the chain step
 
     def begin_request(self, prompt_ids: torch.Tensor) -> None:
         self._anchor, self._fed_beyond = 0, []
