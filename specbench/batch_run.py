@@ -21,7 +21,7 @@ from specbench.gating.curves import curve_name
 from specbench.metrics import aggregate
 from specbench.run_parts import (RunResult, _request_record, build_proposer, generation_config, load_prompt_ids,
                                  load_target, lossless_report)
-from specbench.compile_watch import TimedWindow
+from specbench.compile_watch import TimedWindow, capture_seconds
 from specbench.speed import measurement_flags, repeat_record, speed_over_repeats
 
 SWEEP_SCHEMA_VERSION = 1
@@ -158,6 +158,7 @@ def run_batched_case(case: Case, *, progress: bool = True, target=None, tokenize
     details = {
         "proposer": batched_proposer.describe() if batched_proposer else {"name": "none"}, "prompts": prompt_source,
         "engine": {"name": case.engine, "batched": True, "capture_seconds": target.capture_seconds,
+                   "proposer_capture_seconds": capture_seconds(batched_proposer),
                    "cuda_graphs": target.cuda_graphs},
         "batch": {"batch_size": case.batch_size, "num_steps": stats.num_steps, "num_refills": stats.num_refills,
                   "mean_active_slots": (sum(stats.active_per_step) / len(stats.active_per_step)

@@ -14,7 +14,7 @@ from specbench.engine.step_costs import measure_step_costs
 from specbench.env import environment_fingerprint
 from specbench.metrics import aggregate
 from specbench.run_parts import RunResult, _request_record, generation_config, load_prompt_ids, lossless_report
-from specbench.compile_watch import TimedWindow
+from specbench.compile_watch import TimedWindow, capture_seconds
 from specbench.speed import measurement_flags, repeat_record, speed_over_repeats
 
 
@@ -64,7 +64,8 @@ def decode_case(case: Case, target, tokenizer, proposer, *, progress: bool = Tru
     )
     env = environment_fingerprint(device=case.device, dtype=case.dtype)
     details = {"proposer": proposer.describe() if proposer else {"name": "none"}, "prompts": prompt_source,
-               "engine": {"name": case.engine, "capture_seconds": getattr(target, "capture_seconds", 0.0)}}
+               "engine": {"name": case.engine, "capture_seconds": capture_seconds(target),
+                          "proposer_capture_seconds": capture_seconds(proposer)}}
     created_at = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     return RunResult(case, metrics, records, correctness, env, details, created_at, repeats,
                      measurement_flags(metrics) + window.flags())

@@ -27,6 +27,7 @@ def test_a_run_that_compiled_while_timed_is_flagged_and_an_eager_one_is_not(monk
     case = dict(NGRAM, **({} if batch_size is None else {"batch_size": batch_size, "engine": "static"}))
     clean = run_case(Case.from_dict(case), progress=False).to_dict()  # the CPU engine compiles nothing
     assert not [f for f in clean["flags"] if f["kind"] == "compiled_while_timed"]
+    assert clean["details"]["engine"]["proposer_capture_seconds"] == 0.0  # n-gram captures nothing, on any device
     counts = itertools.count()  # one more graph at every read: each timed window compiled one
     monkeypatch.setattr(compile_watch, "compiled_graphs", lambda: next(counts))
     flagged = run_case(Case.from_dict(case), progress=False).to_dict()
