@@ -131,16 +131,15 @@ def measure_batch(static: StaticTarget, batch: int, prompts: list, truths: dict,
     target = BatchedStaticTarget.from_static_target(static, batch)
     # the full cache and the chain width first: a cache that grew after the warm-up would re-capture while timed
     target.reserve(max(p.numel() for p in prompts) + config.max_new_tokens + args.k, args.k)
-    target.prepare_prefills([p.numel() for p in prompts])  # the one-prompt prefill graphs, never captured while timed
-    target.prepare_steps(min(p.numel() for p in prompts))  # every step graph at every attention span, likewise
     if single is not None:
         static.reserve(max(p.numel() for p in prompts) + config.max_new_tokens + args.k, args.k)  # before any capture
     figures: dict = {"batch_size": batch}
     for kind in RUNS:
         make = lambda: proposers(kind, truths, args.k, static.vocab_size)  # noqa: E731
-        warm = GenerationConfig(max_new_tokens=min(4, config.max_new_tokens), ignore_eos=True)
-        BatchedDecoder(target, make(), warm).generate_all(prompts[:batch])  # sizes the cache, captures the graphs
         decoder = BatchedDecoder(target, make(), config)
+        decoder.prepare(prompts)  # every graph these prompts replay, never captured while timed
+        warm = GenerationConfig(max_new_tokens=min(4, config.max_new_tokens), ignore_eos=True)
+        BatchedDecoder(target, make(), warm).generate_all(prompts[:batch])  # allocator growth, kernel selection
         alone = single_sequence(static, kind, prompts, truths, args, config) if single is not None else None
         batched_window, alone_window = TimedWindow(target), TimedWindow(static)
         runs, alone_runs = [], []

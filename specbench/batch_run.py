@@ -115,12 +115,11 @@ def run_batched_case(case: Case, *, progress: bool = True, target=None, tokenize
     room = proposer.max_draft_tokens if proposer else 0
     # the memory check (bytes needed and free) and the one cache allocation, before per-slot state or warm-up
     target.reserve(max(p.numel() for p in ids) + case.max_new_tokens + room, room)
-    target.prepare_prefills([p.numel() for p in ids])  # every prompt's prefill graph before anything is timed
-    target.prepare_steps(min(p.numel() for p in ids))  # every step graph at every span the run can reach
     batched_proposer = batched_form(case, static, proposer, case.batch_size)
-    if batched_proposer is not None:  # sized for the whole run now: growing later drops its graphs mid-run
-        batched_proposer.reserve(max(p.numel() for p in ids) + case.max_new_tokens + room)
     plain_decoder, spec_decoder = BatchedDecoder(target, None, config), BatchedDecoder(target, batched_proposer, config)
+    # every graph the whole prompt set can replay (prefills, steps at every span, the proposer's at its full size),
+    # before the warm-up, which decodes fewer prompts: nothing is captured once the clock runs
+    spec_decoder.prepare(ids)
 
     warm = GenerationConfig(max_new_tokens=min(4, case.max_new_tokens), sampling=config.sampling, seed=case.seed)
     for proposer_now in (None, batched_proposer):  # first calls pay for allocator growth and kernel selection

@@ -29,13 +29,13 @@ def compile_flags(compiled: int, where: str) -> list[dict]:
 
 
 def capture_flags(seconds: float, where: str) -> list[dict]:
-    """The measurement flag of ``seconds`` of the target's graph capture (and the compiling and tuning it includes)
-    that happened inside timed ``where`` (empty when none): a shape the warm-up did not reach was captured."""
+    """The measurement flag of ``seconds`` of graph capture by the target or the proposer (and the compiling and tuning
+    it includes) that happened inside timed ``where`` (empty when none): a shape the warm-up did not reach."""
     if not seconds > 0:
         return []
     return [{
         "kind": "captured_while_timed",
-        "message": (f"the target captured CUDA graphs for {seconds:.2f} s during the {where}: capture time is inside "
+        "message": (f"the target or the proposer captured CUDA graphs for {seconds:.2f} s during the {where}: capture time is inside "
                     "these speed figures; a step or prefill shape the warm-up did not reach (report it as an engine bug)"),
     }]
 

@@ -139,8 +139,10 @@ class BatchedDecoder:
     def _draft_room(self) -> int:
         return self.proposer.max_draft_tokens if self.proposer else 0
 
-    def _reserve(self, prompts: list[torch.Tensor]) -> None:
-        """Size every slot for the longest request before anything runs (the memory check comes first)."""
+    def prepare(self, prompts: list[torch.Tensor]) -> None:
+        """Size every slot for the longest of ``prompts`` (the memory check comes first) and capture every graph they
+        can replay (prefills, steps at every span, the proposer's); ``generate_all`` calls it, and a caller that warms
+        up on fewer prompts calls it on the full set first, so nothing is captured once the clock runs."""
         limit = self.target.max_context
         for index, prompt in enumerate(prompts):
             if prompt.numel() == 0:
@@ -168,7 +170,7 @@ class BatchedDecoder:
         prompts = [torch.as_tensor(p, dtype=torch.long).flatten() for p in prompts]
         if seeds is not None and len(seeds) != len(prompts):
             raise ValueError(f"seeds must give one seed per prompt ({len(prompts)}), got {len(seeds)}")
-        self._reserve(prompts)
+        self.prepare(prompts)
         self.stats = BatchedRunStats()
         queue = deque(range(len(prompts)))
         slots: list[_Slot | None] = [None] * self.target.batch_size

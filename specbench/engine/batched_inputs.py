@@ -94,12 +94,16 @@ def step_kind(inputs: list[SlotInput | None]) -> str:
     return "chain" if any(len(x) > 1 for x in live) else "plain"
 
 
-def scatter_rows(buffer: torch.Tensor, parts: list[tuple[int, int, torch.Tensor]], device: torch.device) -> None:
+def scatter_rows(buffer: torch.Tensor, parts: list[tuple[int, int, torch.Tensor]], device: torch.device,
+                 index: torch.Tensor | None = None) -> torch.Tensor | None:
     """``buffer[slot, start:start + M] = values`` ``(M, ...)`` for every (slot, start, values) of ``parts``,
-    device-held, in one indexed write (``buffer`` ``(B, W, ...)``)."""
+    device-held, in one indexed write (``buffer`` ``(B, W, ...)``). Returns the ``(2, T)`` index it wrote through
+    (None for no parts); pass it back as ``index`` for another buffer whose parts have the same slots and lengths."""
     if not parts:
-        return
-    rows = [slot for slot, _, values in parts for _ in range(values.shape[0])]  # (T,)
-    cols = [start + i for _, start, values in parts for i in range(values.shape[0])]  # (T,)
-    index = host_to_device([rows, cols], device)  # (2, T)
+        return None
+    if index is None:
+        rows = [slot for slot, _, values in parts for _ in range(values.shape[0])]  # (T,)
+        cols = [start + i for _, start, values in parts for i in range(values.shape[0])]  # (T,)
+        index = host_to_device([rows, cols], device)  # (2, T)
     buffer[index[0], index[1]] = torch.cat([values for _, _, values in parts]).to(buffer.dtype)  # (T, ...)
+    return index

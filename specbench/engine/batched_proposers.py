@@ -8,6 +8,7 @@ from typing import Callable
 
 import torch
 
+from specbench.compile_watch import capture_seconds
 from specbench.engine.draft import Draft
 from specbench.engine.proposer import Proposer, ProposerState
 
@@ -60,7 +61,7 @@ class PerSlotProposer(BatchedProposer):
     @property
     def capture_seconds(self) -> float:
         """Every slot's proposer's graph capture so far (a run checks that none happened while timed)."""
-        return sum(float(getattr(p, "capture_seconds", 0.0) or 0.0) for p in self.proposers)
+        return capture_seconds(*self.proposers)
 
     def reserve(self, num_tokens: int) -> None:
         for proposer in self.proposers:

@@ -158,16 +158,9 @@ class BatchedStaticTarget:
         ids = self._prefill_ids(input_ids)  # (T,)
         length = ids.numel()
         self._cache.reset_slot(slot)
-        if self.prefill_graphs.fits(length, self._cache.capacity):  # CUDA: a replay, not ~1,000 launches
-            out = self.prefill_graphs.run(ids, self._cache.slot_view(slot), self.aux_layers)
-            self._cache.advance_slot(slot, length)
-            return out
-        positions = torch.arange(length, device=self.device)  # (T,)
-        causal = torch.ones(length, length, dtype=torch.bool, device=self.device).tril_()  # (T, T)
-        hidden, aux = self.module(ids, positions, positions, causal, self._cache.slot_view(slot),
-                                  aux_layers=self.aux_layers)  # (T, H), (T, A * H) or None
+        out = self.prefill_graphs.prefill(ids, self._cache.slot_view(slot), self.aux_layers)  # graph or eager
         self._cache.advance_slot(slot, length)
-        return TargetOutput(logits=self.module.logits(hidden[-1:]), hidden_states=hidden, aux_hidden_states=aux)
+        return out
 
     @torch.inference_mode()
     def prefill_many(self, slots: list[int], prompts: list[torch.Tensor]) -> list[TargetOutput]:
@@ -177,13 +170,14 @@ class BatchedStaticTarget:
         if len(slots) != len(prompts) or len(set(slots)) != len(slots):
             raise ValueError(f"prefill_many takes distinct slots, one per prompt; got slots {slots} for "
                              f"{len(prompts)} prompts")
-        if len(prompts) == 1:
-            return [self.prefill(slots[0], prompts[0])]
         ids = [self._prefill_ids(p) for p in prompts]
         outputs: list[TargetOutput] = []
         for group in split_group([x.numel() for x in ids], self.prefill_token_budget):
-            outputs += prefill_group(self.module, self._cache, [slots[i] for i in group], [ids[i] for i in group],
-                                     self.aux_layers)
+            if len(group) == 1:  # alone (the whole admission, or what a split left): its prefill graph
+                outputs.append(self.prefill(slots[group[0]], ids[group[0]]))
+            else:
+                outputs += prefill_group(self.module, self._cache, [slots[i] for i in group], [ids[i] for i in group],
+                                         self.aux_layers)
         return outputs
 
     def _prefill_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
@@ -219,7 +213,7 @@ class BatchedStaticTarget:
         self._pending = (kind, width, counts)
         self._last_step = (kind, buffers, counts)
         self.verify_widths.setdefault(kind, Counter())[width] += 1
-        copied = (kind, width, span) in self._graphs  # the next replay overwrites the graph's outputs: hand out copies
+        copied = self._graphs.enabled  # the next replay overwrites the graph's outputs: hand out copies
         batch = self.batch_size
         out = [None if t is None else (t.clone() if copied else t).view(batch, width, -1) for t in (logits, hidden, aux)]
         return TargetOutput(logits=out[0], hidden_states=out[1], aux_hidden_states=out[2])

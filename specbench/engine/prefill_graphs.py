@@ -65,6 +65,18 @@ class CapturedPrefill:
         self.graphs.drop()
         self._buffers.clear()
 
+    def prefill(self, ids: torch.Tensor, cache_view: torch.Tensor, aux_layers: tuple[int, ...]) -> TargetOutput:
+        """Prefill ``ids`` ``(T,)`` into ``cache_view`` ``(L, 2, KVH, S, D)`` entries ``[0, T)``: replayed from its bucket's
+        graph where it fits (:meth:`run`), else the eager causal forward; the last row's logits ``(1, V)``, hidden
+        states ``(T, H)`` and aux streams ``(T, A * H)``. The caller advances its cache length by T."""
+        length = ids.numel()
+        if self.fits(length, cache_view.shape[3]):  # CUDA: a replay, not ~1,000 launches
+            return self.run(ids, cache_view, aux_layers)
+        positions = torch.arange(length, device=ids.device)  # (T,)
+        causal = torch.ones(length, length, dtype=torch.bool, device=ids.device).tril_()  # (T, T) over entries [0, T)
+        hidden, aux = self.module(ids, positions, positions, causal, cache_view, aux_layers=aux_layers)  # (T, H), ...
+        return TargetOutput(logits=self.module.logits(hidden[-1:]), hidden_states=hidden, aux_hidden_states=aux)
+
     def prepare(self, lengths, cache_view: torch.Tensor, aux_layers: tuple[int, ...]) -> None:
         """Capture the graph of every bucket ``lengths`` need that fits ``cache_view`` ``(L, 2, KVH, S, D)`` and is not
         captured yet, on the scratch caches only (no slot is written), so that no capture lands in a timed run."""
@@ -72,7 +84,7 @@ class CapturedPrefill:
         for width in sorted({bucket(n) for n in lengths if self.fits(n, capacity)}):
             if ("prefill", width) in self.graphs and width in self._buffers:
                 continue
-            buffers = self._buffers.setdefault(width, _PrefillBuffers.allocate(width, cache_view))
+            buffers = self._buffers_for(width, cache_view)
             buffers.ids.zero_()
             buffers.last.zero_()
             self.graphs.run(("prefill", width), buffers, partial(_forward, self.module, aux_layers))
@@ -83,9 +95,7 @@ class CapturedPrefill:
         overwrites the graph's outputs)."""
         length = ids.numel()
         width = bucket(length)
-        buffers = self._buffers.get(width)
-        if buffers is None:
-            buffers = self._buffers[width] = _PrefillBuffers.allocate(width, cache_view)
+        buffers = self._buffers_for(width, cache_view)
         buffers.ids.zero_()
         buffers.ids[:length].copy_(ids)
         buffers.last.fill_(length - 1)
@@ -94,6 +104,13 @@ class CapturedPrefill:
         cache_view[:, :, :, :length].copy_(buffers.scratch[:, :, :, :length])  # (L, 2, KVH, T, D)
         return TargetOutput(logits=logits.clone(), hidden_states=hidden[:length].clone(),
                             aux_hidden_states=None if aux is None else aux[:length].clone())
+
+
+    def _buffers_for(self, width: int, cache_view: torch.Tensor) -> _PrefillBuffers:
+        """The bucket's static inputs and scratch cache, allocated at its first prompt."""
+        if width not in self._buffers:
+            self._buffers[width] = _PrefillBuffers.allocate(width, cache_view)
+        return self._buffers[width]
 
 
 def _forward(module, aux_layers: tuple[int, ...], buffers: _PrefillBuffers) -> tuple:

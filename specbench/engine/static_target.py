@@ -196,8 +196,8 @@ class StaticTarget:
         self.prefill_graphs.prepare(lengths, self._cache.kv, self.aux_layers)
 
     @torch.inference_mode()
-    def prepare_steps(self, kinds: tuple[str, ...] = ("plain", "chain", "tree")) -> None:
-        """Capture the step graph of each of ``kinds`` that is sized (plain always; chain and tree once ``reserve`` gave
+    def prepare_steps(self) -> None:
+        """Capture the step graph of each kind that is sized (plain always; chain and tree once ``reserve`` gave
         draft room) before anything is timed (graphs on; a no-op without them or once captured): a kind a short
         warm-up never stepped would otherwise be captured inside a timed request. A capture's forward writes only
         beyond the committed entries, where every verify writes; kinds without room there are left to capture at
@@ -206,7 +206,7 @@ class StaticTarget:
             raise ValueError("prepare_steps before reserve(): size the KV cache first")
         if not self._graphs.enabled or self._pending is not None:
             return  # nothing to capture; or a verify awaits its commit (the next prefill resets it): steps capture lazily
-        for kind in kinds:
+        for kind in ("plain", "chain", "tree"):
             width = self._widths.get(kind, 0)
             if not width or self._cache.host_length + width > self._cache.capacity:
                 continue  # not sized, or no room now (its first step captures it, as without preparing)
@@ -242,15 +242,9 @@ class StaticTarget:
                 f"context length exceeded: the prompt has {length} tokens > the static KV cache's "
                 f"{self._cache.capacity} slots (max context {self.max_context}); call reserve() or shorten the prompt"
             )
-        if self.prefill_graphs.fits(length, self._cache.capacity):  # CUDA: a replay, not ~1,000 launches
-            out = self.prefill_graphs.run(ids, self._cache.kv, self.aux_layers)
-            self._cache.advance(length)
-            return out
-        positions = torch.arange(length, device=self.device)  # (T,)
-        causal = torch.ones(length, length, dtype=torch.bool, device=self.device).tril_()  # (T, T) over slots [0, T)
-        hidden, aux = self.module(ids, positions, positions, causal, self._cache.kv, aux_layers=self.aux_layers)  # (T, H)
+        out = self.prefill_graphs.prefill(ids, self._cache.kv, self.aux_layers)  # graph or eager
         self._cache.advance(length)
-        return TargetOutput(logits=self.module.logits(hidden[-1:]), hidden_states=hidden, aux_hidden_states=aux)
+        return out
 
     @torch.inference_mode()
     def verify(self, input_ids: torch.Tensor, depths: torch.Tensor, tree_mask: torch.Tensor | None) -> TargetOutput:

@@ -23,6 +23,7 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 
+from specbench.compile_watch import capture_seconds
 from specbench.engine.draft import Draft
 from specbench.engine.proposer import Proposer, ProposerState
 from specbench.engine.static_llama import Attention, LlamaShape, MLP, StaticLlamaForCausalLM
@@ -231,7 +232,7 @@ class RankZeroProposer(Proposer):
     @property
     def capture_seconds(self) -> float:
         """The wrapped proposer's graph capture so far (rank 0's; a run checks that none happened while timed)."""
-        return float(getattr(self.inner, "capture_seconds", 0.0) or 0.0)
+        return capture_seconds(self.inner)
 
     def reserve(self, num_tokens: int) -> None:
         self.inner.reserve(num_tokens)

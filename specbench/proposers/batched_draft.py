@@ -66,11 +66,8 @@ class BatchedDraftModelProposer(BatchedProposer):
 
     def reserve(self, num_tokens: int) -> None:
         # as the single proposer: the history plus the K - 1 tokens fed; catch-up steps feed up to 2
-        capacity = self.target.cache_capacity
         self.target.reserve(num_tokens, 1)
-        if self.target.cache_capacity != capacity:  # a new cache: every slot starts over
-            self._anchor, self._fed = [0] * self.target.batch_size, [0] * self.target.batch_size
-        for slot in range(self.target.batch_size):  # between runs: no request holds a slot, so none keeps stale entries
+        for slot in range(self.target.batch_size):  # between runs (a new cache or not): every slot starts over
             self._reset(slot)
         self.target.prepare_steps(kinds=("plain", "chain"))  # its steps' graphs at every span, before the timed run
 

@@ -126,8 +126,8 @@ class BatchedEagleProposer(BatchedProposer):
         width = max(counts)
         ids = torch.zeros(batch, width, dtype=torch.long, device=device)  # (B, W) padded with token 0
         feats = torch.zeros(batch, width, self._feature_width, dtype=self.head.fc.weight.dtype, device=device)  # (B, W, F)
-        scatter_rows(ids, [(slot, 0, new_tokens[slot]) for slot in states], device)  # one indexed write each
-        scatter_rows(feats, [(slot, 0, new_features[slot]) for slot in states], device)
+        index = scatter_rows(ids, [(slot, 0, new_tokens[slot]) for slot in states], device)  # one indexed write each,
+        scatter_rows(feats, [(slot, 0, new_features[slot]) for slot in states], device, index)  # through one index
         start = host_to_device(starts, device)  # (B,)
         slots = start[:, None] + torch.arange(width, device=device)[None, :]  # (B, W) rotary position = cache entry
         causal = torch.ones(width, width, dtype=torch.bool, device=device).tril_()  # (W, W)

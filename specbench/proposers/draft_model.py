@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import torch
 
+from specbench.compile_watch import capture_seconds
 from specbench.engine.draft import Draft
 from specbench.engine.proposer import Proposer, ProposerState
 from specbench.proposers.registry import register_proposer
@@ -69,7 +70,7 @@ class DraftModelProposer(Proposer):
     @property
     def capture_seconds(self) -> float:
         """The draft target's graph capture so far (a run checks that none happened while timed)."""
-        return getattr(self.draft, "capture_seconds", 0.0)
+        return capture_seconds(self.draft)
 
     def describe(self) -> dict:
         return {"name": self.name, "draft": self.source, "num_speculative_tokens": self.k,
