@@ -189,7 +189,10 @@ class Attention(PartialSumOutput, nn.Module):
     def forward_batched(self, x, cos, sin, kv: torch.Tensor, slots: torch.Tensor, bias: torch.Tensor, ops: StepOps) -> torch.Tensor:
         """B sequences of W nodes each, flattened: ``x`` (B * W, H); ``kv`` (2, B, KVH, S, D) this layer's batched
         cache; ``slots`` (B, W) where each sequence's new keys go in its own cache row; ``bias`` (B, W, K) each
-        sequence's additive attention bias over its first K slots (docs/batching.md)."""
+        sequence's additive attention bias over its first K slots (docs/batching.md). ``bias`` None is a group
+        prefill (:meth:`prefill_rows`)."""
+        if bias is None:
+            return self.prefill_rows(x, cos, sin, kv, slots, ops)
         batch, width = slots.shape
         nh, kvh, d = self.num_heads, self.num_kv_heads, self.head_dim
         qkv = ops.linear(x, self.qkv.weight, self.qkv.bias)  # (B * W, (NH + 2 KVH) * D)
@@ -202,6 +205,25 @@ class Attention(PartialSumOutput, nn.Module):
         out = F.scaled_dot_product_attention(q, keys, values, attn_mask=bias[:, None], enable_gqa=kvh != nh)  # (B, NH, W, D)
         o = self.o_proj
         return self.reduced(ops.linear(out.transpose(1, 2).reshape(batch * width, nh * d), o.weight, o.bias))  # (B * W, H)
+
+    def prefill_rows(self, x, cos, sin, kv: torch.Tensor, rows: torch.Tensor, ops: StepOps) -> torch.Tensor:
+        """n prompts padded at their ends to W tokens each, every one from position 0, flattened: ``x`` (n * W, H);
+        ``kv`` (2, B, KVH, S, D) this layer's batched cache; ``rows`` (n,) the cache rows they fill. Each prompt
+        attends causally to its own new keys, not the cache, so no mask is built and the fused causal kernel
+        runs; the keys and values then go to the first W entries of its row in one copy. Past a prompt's length
+        those entries are its padding's, beyond the row's length, where nothing attends until a step overwrites
+        them (docs/batching.md#admission)."""
+        n = rows.numel()
+        width = x.shape[0] // n
+        nh, kvh, d = self.num_heads, self.num_kv_heads, self.head_dim
+        qkv = ops.linear(x, self.qkv.weight, self.qkv.bias)  # (n * W, (NH + 2 KVH) * D)
+        q, kv_new = ops.rope_qkv(qkv, cos, sin, nh, kvh)  # (1, NH, n * W, D), (2, KVH, n * W, D)
+        q = q[0].view(nh, n, width, d).transpose(0, 1)  # (n, NH, W, D)
+        kv_new = kv_new.view(2, kvh, n, width, d).transpose(1, 2)  # (2, n, KVH, W, D)
+        kv[:, :, :, :width].index_copy_(1, rows, kv_new)
+        out = F.scaled_dot_product_attention(q, kv_new[0], kv_new[1], is_causal=True, enable_gqa=kvh != nh)  # (n, NH, W, D)
+        o = self.o_proj
+        return self.reduced(ops.linear(out.transpose(1, 2).reshape(n * width, nh * d), o.weight, o.bias))  # (n * W, H)
 
 
 class FusedLinear(nn.Module):
@@ -289,10 +311,12 @@ class StaticLlamaForCausalLM(nn.Module):
         ``ops`` runs the pointwise stages (:mod:`specbench.engine.static_ops`), fused or not. Also returns the
         residual streams entering ``aux_layers``, concatenated ``(W, len(aux_layers) * H)`` (None without).
         Batched (docs/batching.md): ``cache`` ``(layers, 2, B, kv_heads, S, head_dim)``, ``slots`` ``(B, W)``, ``mask``
-        ``(B, W, K)``, and ``ids``, ``positions`` and the outputs flattened to ``B * W`` rows."""
+        ``(B, W, K)``, and ``ids``, ``positions`` and the outputs flattened to ``B * W`` rows. A group prefill
+        (engine/batched_prefill.py) passes the batched cache, ``slots`` ``(n,)`` the rows its n padded prompts fill
+        and ``mask`` None (:meth:`Attention.prefill_rows`)."""
         x = self.model.embed_tokens(ids)  # (W, H)
         cos, sin = ops.rotary_tables(self.inv_freq, positions, x.dtype)  # (W, D) each
-        bias = ops.attention_bias(mask, x.dtype)  # (W, K)
+        bias = None if mask is None else ops.attention_bias(mask, x.dtype)  # (W, K)
         layers = self.model.layers
         first = layers[0].input_layernorm
         normed = ops.rms_norm(x, first.weight, first.eps)  # (W, H)
