@@ -288,6 +288,18 @@ def test_cuda_graph_replay_equals_the_eager_forward(dtype):
 
 
 @pytest.mark.large_gpu(min_gb=1)
+def test_a_host_held_draft_decodes_on_cuda_as_through_transformers():
+    """n-gram drafts live on the host: on CUDA the root and the draft go up in one copy and a chain's verification
+    reads no parents; tokens and counters must equal the transformers target's (fp32, reference model)."""
+    model = load_target_model("specbench-ref/gsm8k-tiny", dtype=torch.float32, device="cuda")
+    static = StaticTarget.from_hf_model(model, compile=False)
+    prompts = [repetitive_prompt(seed, vocab_size=model.config.vocab_size) for seed in range(3)]
+    drafts = assert_same_decoding(HFTarget(model), static, lambda t: NgramProposer(num_speculative_tokens=3),
+                                  prompts, reserve=True)
+    assert drafts > 0 and "chain" in static._captured  # the n-gram drafted, through the chain step's graph
+
+
+@pytest.mark.large_gpu(min_gb=1)
 def test_compiled_graphs_decode_as_the_eager_forward():
     """torch.compile fuses kernels and may reorder fp32 sums (~1e-6); the reference model's greedy margins
     are far wider, so tokens and counters must still equal the eager static forward's."""

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from specbench.engine.transfers import host_to_device, tensor_to_device
+from specbench.engine.transfers import host_to_device
 from specbench.engine.draft import Draft
 from specbench.engine.sampling import SamplingParams
 from specbench.engine.target import Target
@@ -122,7 +122,7 @@ class Decoder:
                     token_ids=tokens[:length], hidden_state=hidden,
                     hidden_states=None if features is None else features[: length - 1]))
             draft = draft if draft is not None and len(draft) else _EMPTY_DRAFT
-            verify_ids = torch.cat([tokens[length - 1 : length], tensor_to_device(draft.tokens, device)])  # (N + 1,)
+            verify_ids = _verify_input(emitted[-1], tokens[length - 1 : length], draft.tokens, device)  # (N + 1,)
             tree_mask = None if draft.is_chain else draft.tree_mask()  # (N + 1, N + 1)
             out = self.target.verify(verify_ids, draft.depths(), tree_mask)
             accepted_nodes, new = verify_step(draft, verify_ids, out.logits, sampling, generator)
@@ -164,6 +164,14 @@ class Decoder:
 
 
 _EMPTY_DRAFT = Draft.chain(torch.empty(0, dtype=torch.long))
+
+
+def _verify_input(root: int, root_on_device: torch.Tensor, draft_tokens: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """``[root, *draft_tokens]`` ``(N + 1,)`` on ``device``: a host-held draft (n-gram, scripted) goes up with the
+    root, known on the host, in one asynchronous copy; a device-held one is joined to ``root_on_device`` ``(1,)``."""
+    if draft_tokens.device.type == "cpu" and device.type != "cpu":  # reading a CPU tensor syncs nothing
+        return host_to_device([root] + draft_tokens.tolist(), device)
+    return torch.cat([root_on_device, draft_tokens.to(device)])
 
 
 def verify_step(draft: Draft, verify_ids: torch.Tensor, logits: torch.Tensor, sampling,

@@ -27,10 +27,11 @@ def greedy_on_device(
     device = logits.device
     verify_ids = verify_ids.to(device)  # (N + 1,) root first
     target = logits.argmax(dim=-1)  # (N + 1,) the target's token after each node
-    parents = draft.parents.to(device)  # (N,)
-    draft_ok = verify_ids[1:] == target[parents]  # (N,) draft token == argmax of its parent's row
-    node_ok = torch.cat([torch.ones(1, dtype=torch.bool, device=device), draft_ok])  # (N + 1,) root is ok
     chain = draft.is_chain if is_chain is None else is_chain
+    # a chain's parents are 0..N-1: no upload of a host-held draft's parents (a pageable copy waits for the stream)
+    parent_target = target[:n] if chain else target[draft.parents.to(device)]  # (N,) argmax of each parent's row
+    draft_ok = verify_ids[1:] == parent_target  # (N,)
+    node_ok = torch.cat([torch.ones(1, dtype=torch.bool, device=device), draft_ok])  # (N + 1,) root is ok
     if chain:
         on_path = node_ok.long().cumprod(dim=0)  # (N + 1,) 1 up to the first mismatch
         best = on_path.sum(dim=0, keepdim=True) - 1  # (1,) a chain node's index is its depth

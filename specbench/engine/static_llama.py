@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specbench.engine.static_ops import EAGER_OPS, StepOps
+from specbench.engine.static_ops import EAGER_OPS, StepOps, rotate_heads
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
 EAGER_HINT = "run it with `--engine eager` (the transformers target, any causal LM)"
@@ -210,18 +210,19 @@ class Attention(PartialSumOutput, nn.Module):
         """n prompts padded at their ends to W tokens each, every one from position 0, flattened: ``x`` (n * W, H);
         ``kv`` (2, B, KVH, S, D) this layer's batched cache; ``rows`` (n,) the cache rows they fill. Each prompt
         attends causally to its own new keys, not the cache, so no mask is built and the fused causal kernel
-        runs; the keys and values then go to the first W entries of its row in one copy. Past a prompt's length
+        runs; the keys and values then go to the first W entries of its row, one copy each. Past a prompt's length
         those entries are its padding's, beyond the row's length, where nothing attends until a step overwrites
         them (docs/batching.md#admission)."""
         n = rows.numel()
         width = x.shape[0] // n
         nh, kvh, d = self.num_heads, self.num_kv_heads, self.head_dim
         qkv = ops.linear(x, self.qkv.weight, self.qkv.bias)  # (n * W, (NH + 2 KVH) * D)
-        q, kv_new = ops.rope_qkv(qkv, cos, sin, nh, kvh)  # (1, NH, n * W, D), (2, KVH, n * W, D)
-        q = q[0].view(nh, n, width, d).transpose(0, 1)  # (n, NH, W, D)
-        kv_new = kv_new.view(2, kvh, n, width, d).transpose(1, 2)  # (2, n, KVH, W, D)
-        kv[:, :, :, :width].index_copy_(1, rows, kv_new)
-        out = F.scaled_dot_product_attention(q, kv_new[0], kv_new[1], is_causal=True, enable_gqa=kvh != nh)  # (n, NH, W, D)
+        # eager as every prefill, and unstacked: q, k and v go to attention and the cache as views, no copies
+        q, k, v = (t.view(-1, n, width, d).transpose(0, 1)
+                   for t in rotate_heads(qkv, cos, sin, nh, kvh))  # (n, NH, W, D), (n, KVH, W, D) x 2
+        kv[0, :, :, :width].index_copy_(0, rows, k)
+        kv[1, :, :, :width].index_copy_(0, rows, v)
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=kvh != nh)  # (n, NH, W, D)
         o = self.o_proj
         return self.reduced(ops.linear(out.transpose(1, 2).reshape(n * width, nh * d), o.weight, o.bias))  # (n * W, H)
 

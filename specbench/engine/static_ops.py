@@ -37,19 +37,25 @@ def add_rms_norm(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps
     return h, rms_norm(h, weight, eps)
 
 
-def rope_qkv(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, num_heads: int, num_kv_heads: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Split the fused projection ``qkv`` ``(W, (NH + 2 KVH) * D)`` and rotate q and k by ``cos``, ``sin`` ``(W, D)``
-    (rotate-half convention). Returns q ``(1, NH, W, D)`` laid out for attention and the new keys and
-    values stacked ``(2, KVH, W, D)``, as one cache write takes them."""
+def rotate_heads(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, num_heads: int,
+                 num_kv_heads: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Split the fused projection ``qkv`` ``(W, (NH + 2 KVH) * D)`` into heads and rotate q and k by ``cos``, ``sin``
+    ``(W, D)`` (rotate-half convention): q ``(NH, W, D)``, k and v ``(KVH, W, D)``, views with their last
+    dimension contiguous (a group prefill hands them to attention and the cache as they are)."""
     width, d = qkv.shape[0], cos.shape[-1]
     heads = qkv.view(width, num_heads + 2 * num_kv_heads, d).transpose(0, 1)  # (NH + 2 KVH, W, D)
     qk = heads[: num_heads + num_kv_heads]  # (NH + KVH, W, D)
     half = d // 2
     rotated = torch.cat((-qk[..., half:], qk[..., :half]), dim=-1)  # (NH + KVH, W, D)
     qk = qk * cos + rotated * sin  # q and k rotated in one pass
-    q = qk[:num_heads].unsqueeze(0).contiguous()  # (1, NH, W, D)
-    kv_new = torch.stack((qk[num_heads:], heads[num_heads + num_kv_heads:]))  # (2, KVH, W, D)
-    return q, kv_new
+    return qk[:num_heads], qk[num_heads:], heads[num_heads + num_kv_heads:]
+
+
+def rope_qkv(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, num_heads: int, num_kv_heads: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`rotate_heads` laid out for a step: q ``(1, NH, W, D)`` contiguous for attention and the new keys and
+    values stacked ``(2, KVH, W, D)``, as one cache write takes them."""
+    q, k, v = rotate_heads(qkv, cos, sin, num_heads, num_kv_heads)  # (NH, W, D), (KVH, W, D) x 2
+    return q.unsqueeze(0).contiguous(), torch.stack((k, v))
 
 
 def attention_bias(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

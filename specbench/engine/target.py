@@ -57,7 +57,7 @@ class Target(Protocol):
         """Score ``(N,)`` verify-input tokens placed after the cache in one forward.
 
         ``depths`` ``(N,)`` gives each node's position offset from the cache end; ``tree_mask``
-        ``(N, N)`` bool says which nodes each node attends to (None: causal chain).
+        ``(N, N)`` bool says which nodes each node attends to (None: a causal chain, whose depths are 0..N-1).
         """
 
     def commit(self, accepted_nodes: list[int], num_verified: int) -> None:
