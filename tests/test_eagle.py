@@ -39,7 +39,7 @@ MODES = {
 
 def random_head(seed: int = 1, *, with_embed: bool = True, bias: bool = True, rope_scaling=None, std: float = 0.2) -> EagleHead:
     config = EagleConfig(HIDDEN, 128, 4, 2, VOCAB, bias=bias, rope_theta=500000.0 if rope_scaling else 10000.0,
-                         rope_scaling=rope_scaling, max_position_embeddings=256)
+                         rope_scaling=None if rope_scaling is None else dict(rope_scaling), max_position_embeddings=256)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         head = EagleHead(config, with_embed=with_embed)
@@ -141,7 +141,7 @@ def test_head_layer_matches_transformers_llama_layer_without_input_norm():
     """An implementation nobody here wrote: transformers' LlamaDecoderLayer with its input norm removed."""
     head = random_head(rope_scaling=LLAMA3)
     config = LlamaConfig(hidden_size=HIDDEN, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
-                         vocab_size=VOCAB, num_hidden_layers=1, rope_scaling=LLAMA3, rope_theta=500000.0,
+                         vocab_size=VOCAB, num_hidden_layers=1, rope_scaling=dict(LLAMA3), rope_theta=500000.0,
                          max_position_embeddings=256, rms_norm_eps=head.config.rms_norm_eps)
     config._attn_implementation = "eager"
     layer = LlamaDecoderLayer(config, layer_idx=0).eval()

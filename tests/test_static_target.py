@@ -32,13 +32,14 @@ COMMON = dict(
     num_key_value_heads=2, max_position_embeddings=256, initializer_range=0.2,  # wide: no fp32 argmax ties
     bos_token_id=None, eos_token_id=None, pad_token_id=None,
 )
+# transformers adds rope_theta to a rope_scaling dict it is given: every config gets a copy of this one
 LLAMA3 = {
     "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
     "original_max_position_embeddings": 64,
 }
 CONFIGS = {
     "llama": lambda: LlamaForCausalLM(LlamaConfig(**COMMON, tie_word_embeddings=False)),
-    "llama3-rope-tied": lambda: LlamaForCausalLM(LlamaConfig(**COMMON, rope_scaling=LLAMA3, tie_word_embeddings=True)),
+    "llama3-rope-tied": lambda: LlamaForCausalLM(LlamaConfig(**COMMON, rope_scaling=dict(LLAMA3), tie_word_embeddings=True)),
     "llama-biases": lambda: LlamaForCausalLM(LlamaConfig(**COMMON, attention_bias=True, mlp_bias=True, rope_theta=500000.0)),
     # head_dim 32 with hidden 64 and 4 heads: projections wider than the hidden size
     "mistral": lambda: MistralForCausalLM(MistralConfig(**COMMON, head_dim=32, sliding_window=None, tie_word_embeddings=False)),
