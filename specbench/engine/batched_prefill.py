@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 
 from specbench.engine.batched_cache import BatchedKVCache
+from specbench.engine.static_ops import EAGER_OPS, StepOps
 from specbench.engine.target import TargetOutput
 from specbench.engine.transfers import host_to_device
 
@@ -43,10 +44,11 @@ def split_group(lengths: list[int], token_budget: int) -> list[list[int]]:
 
 @torch.inference_mode()
 def prefill_group(module, cache: BatchedKVCache, slots: list[int], prompts: list[torch.Tensor],
-                  aux_layers: tuple[int, ...] = ()) -> list[TargetOutput]:
+                  aux_layers: tuple[int, ...] = (), ops: StepOps = EAGER_OPS) -> list[TargetOutput]:
     """Run ``prompts[i]`` ``(T_i,)`` (on the cache's device) into ``slots[i]`` of ``cache`` in one forward; the other
     slots are untouched. Returns per prompt its last row's logits ``(1, V)``, hidden states ``(T_i, H)`` and aux
-    streams ``(T_i, A * H)`` (None without aux layers), as a one-slot prefill would."""
+    streams ``(T_i, A * H)`` (None without aux layers), as a one-slot prefill would. ``ops`` runs the pointwise
+    stages (eager, as every prefill of the engine; ``bench/prefill_variants.py`` times fused ones)."""
     lengths = [p.numel() for p in prompts]
     n, width = len(prompts), max(lengths)
     device = cache.kv.device
@@ -58,11 +60,11 @@ def prefill_group(module, cache: BatchedKVCache, slots: list[int], prompts: list
     for slot in slots:
         cache.reset_slot(slot)
     # mask None: each prompt attends causally to itself and its entries go straight to its row
-    hidden, aux = module(ids.flatten(), positions, rows, None, cache.kv, aux_layers=aux_layers)  # (n * T, H), (n * T, A * H)
+    hidden, aux = module(ids.flatten(), positions, rows, None, cache.kv, ops, aux_layers=aux_layers)  # (n * T, H), (n * T, A * H)
     hidden = hidden.view(n, width, -1)  # (n, T, H)
     aux = None if aux is None else aux.view(n, width, -1)  # (n, T, A * H)
     last = host_to_device([t - 1 for t in lengths], device)  # (n,)
-    logits = module.logits(hidden[torch.arange(n, device=device), last])  # (n, V)
+    logits = module.logits(hidden[torch.arange(n, device=device), last], ops)  # (n, V)
     outputs = []
     for row, (slot, length) in enumerate(zip(slots, lengths)):
         cache.advance_slot(slot, length)

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specbench.engine.static_ops import EAGER_OPS, StepOps, rotate_heads
+from specbench.engine.static_ops import EAGER_OPS, StepOps
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
 EAGER_HINT = "run it with `--engine eager` (the transformers target, any causal LM)"
@@ -217,9 +217,9 @@ class Attention(PartialSumOutput, nn.Module):
         width = x.shape[0] // n
         nh, kvh, d = self.num_heads, self.num_kv_heads, self.head_dim
         qkv = ops.linear(x, self.qkv.weight, self.qkv.bias)  # (n * W, (NH + 2 KVH) * D)
-        # eager as every prefill, and unstacked: q, k and v go to attention and the cache as views, no copies
+        # unstacked: q, k and v go to attention and the cache as views, no copies
         q, k, v = (t.view(-1, n, width, d).transpose(0, 1)
-                   for t in rotate_heads(qkv, cos, sin, nh, kvh))  # (n, NH, W, D), (n, KVH, W, D) x 2
+                   for t in ops.rotate_heads(qkv, cos, sin, nh, kvh))  # (n, NH, W, D), (n, KVH, W, D) x 2
         kv[0, :, :, :width].index_copy_(0, rows, k)
         kv[1, :, :, :width].index_copy_(0, rows, v)
         out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=kvh != nh)  # (n, NH, W, D)

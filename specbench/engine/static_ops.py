@@ -81,11 +81,12 @@ class StepOps:
     add_rms_norm: Callable
     rope_qkv: Callable
     swiglu: Callable
+    rotate_heads: Callable  # a group prefill's rope_qkv, unstacked
     linear: Callable  # (x, weight, bias) -> x @ weight.T + bias: every projection and the lm_head
     compiled: bool = False
 
 
-STAGES = (rotary_tables, attention_bias, rms_norm, add_rms_norm, rope_qkv, swiglu)
+STAGES = (rotary_tables, attention_bias, rms_norm, add_rms_norm, rope_qkv, swiglu, rotate_heads)
 EAGER_OPS = StepOps(*STAGES, linear=F.linear)
 
 

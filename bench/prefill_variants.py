@@ -1,0 +1,143 @@
+"""A batched admission's group prefill with its pointwise stages eager, or fused by torch.compile, side by side.
+
+The batched engine prefills every admission eagerly (engine/batched_prefill.py). At 32 prompts of 128 tokens
+a third of that forward is unfused pointwise work (docs/batching.md#admission). This script times one group
+prefill of n prompts, for each n of ``--groups``, under each stage variant:
+
+- ``eager``: what the engine runs;
+- ``own``: every stage compiled with its token count symbolic from the start, in dynamo caches of its own
+  (copies of the stages' code objects, so the steps' compiled stages are never recompiled by a prefill);
+- ``shared``: the steps' own compiled stages (what an earlier attempt used).
+
+For each it reports the first call's seconds (compilation included), the median wall time of ``--reps`` calls
+(device synchronised) and how far the group's last-position logits are from the eager ones (max abs
+difference, argmax agreement). Writes OUT_DIR/prefill_variants.json atomically and prints a table.
+
+    python bench/prefill_variants.py OUT_DIR --synth-dir SYNTH_DIR [--groups 2,8,32] [--prompt-len 128]
+    python bench/prefill_variants.py OUT_DIR --tiny --device cpu --variants eager --groups 2     # CPU smoke test
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+import types
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _bench_target import add_target_arguments, load_target  # noqa: E402
+from _phase_clock import sync  # noqa: E402
+
+from specbench.atomic_write import write_text_atomic  # noqa: E402
+from specbench.compile_watch import compiled_graphs  # noqa: E402
+from specbench.cli.arguments import list_argument_type  # noqa: E402
+from specbench.engine.batched_prefill import prefill_group  # noqa: E402
+from specbench.engine.batched_target import BatchedStaticTarget  # noqa: E402
+from specbench.engine.static_ops import EAGER_OPS, STAGES, StepOps, compiled_ops  # noqa: E402
+from specbench.env import environment_fingerprint  # noqa: E402
+
+VARIANTS = ("eager", "own", "shared")
+
+
+def own_cache_ops() -> StepOps:
+    """Every stage compiled, token count symbolic, each in a dynamo cache of its own (a copy of its code object)."""
+
+    def own(fn):
+        code = fn.__code__.replace(co_name=f"prefill_{fn.__name__}")
+        return torch.compile(types.FunctionType(code, fn.__globals__, code.co_name, fn.__defaults__, fn.__closure__),
+                             fullgraph=True, dynamic=True)
+
+    return StepOps(*(own(f) for f in STAGES), linear=F.linear, compiled=True)
+
+
+def variant_ops(name: str, target: BatchedStaticTarget) -> StepOps:
+    if name == "eager":
+        return EAGER_OPS
+    if name == "own":
+        return own_cache_ops()
+    return target._ops if target._ops.compiled else compiled_ops()  # the steps' stages
+
+
+def measure(target: BatchedStaticTarget, ops: StepOps, prompts: list[torch.Tensor], reps: int) -> tuple[dict, torch.Tensor]:
+    """(first-call seconds and median wall ms of one group prefill of ``prompts`` into slots 0..n-1, its logits)."""
+    slots = list(range(len(prompts)))
+
+    def admit() -> torch.Tensor:
+        for slot in slots:
+            target.release(slot)
+        outputs = prefill_group(target.module, target._cache, slots, prompts, ops=ops)
+        return torch.cat([o.logits for o in outputs])  # (n, V)
+
+    graphs = compiled_graphs()
+    sync(target.device)
+    start = time.perf_counter()
+    logits = admit()
+    sync(target.device)
+    first = time.perf_counter() - start
+    graphs = compiled_graphs() - graphs
+    timed_from = compiled_graphs()
+    times = []
+    for _ in range(reps):
+        sync(target.device)
+        start = time.perf_counter()
+        admit()
+        sync(target.device)
+        times.append(time.perf_counter() - start)
+    return {"first_call_s": first, "graphs_compiled_first_call": graphs, "graphs_compiled_while_timed": compiled_graphs() - timed_from,
+            "wall_ms": statistics.median(times) * 1e3}, logits
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("out_dir", type=Path)
+    add_target_arguments(parser)
+    parser.add_argument("--groups", type=list_argument_type("batch_size"), default="2,8,32",
+                        help="prompts per admission, comma-separated (default 2,8,32)")
+    parser.add_argument("--variants", type=lambda text: [v.strip() for v in text.split(",")], default=list(VARIANTS),
+                        help=f"stage variants to time, comma-separated, from {', '.join(VARIANTS)} (default all)")
+    parser.add_argument("--prompt-len", type=int, default=128)
+    parser.add_argument("--reps", type=int, default=10)
+    args = parser.parse_args(argv)
+    unknown = sorted(set(args.variants) - set(VARIANTS))
+    if unknown or min(args.groups) < 2 or args.prompt_len < 1 or args.reps < 1:
+        parser.error(f"--variants from {', '.join(VARIANTS)} (got {', '.join(unknown) or 'those'}); --groups of at "
+                     "least 2 prompts (one prompt takes the single-prompt prefill); --prompt-len and --reps >= 1")
+    static, dtype = load_target(args)
+    target = BatchedStaticTarget.from_static_target(static, max(args.groups))
+    target.reserve(args.prompt_len + 16)
+    generator = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(0, static.vocab_size, (args.prompt_len,), generator=generator).to(static.device)
+               for _ in range(max(args.groups))]
+    report = {"schema_version": 1, "env": environment_fingerprint(device=str(static.device), dtype=dtype),
+              "settings": {"groups": args.groups, "prompt_len": args.prompt_len, "reps": args.reps}, "points": []}
+    eager_logits: dict[int, torch.Tensor] = {}
+    for name in ["eager"] + [v for v in args.variants if v != "eager"]:  # eager first: the others' reference
+        ops = variant_ops(name, target)
+        for n in args.groups:
+            figures, logits = measure(target, ops, prompts[:n], args.reps)
+            eager_logits.setdefault(n, logits)
+            reference = eager_logits[n]
+            figures.update({"variant": name, "prompts": n, "tokens": n * args.prompt_len,
+                            "max_abs_logit_diff": float((logits - reference).abs().max()),
+                            "argmax_agreement": float((logits.argmax(-1) == reference.argmax(-1)).float().mean())})
+            if name in args.variants:
+                report["points"].append(figures)
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(args.out_dir / "prefill_variants.json", json.dumps(report, indent=1))
+    print(f"{'variant':8} {'prompts':>7} {'tokens':>6} {'first s':>8} {'compiled':>8} {'wall ms':>8} {'max |dlogit|':>12} {'argmax ==':>9}")
+    for p in report["points"]:
+        print(f"{p['variant']:8} {p['prompts']:7} {p['tokens']:6} {p['first_call_s']:8.2f} {p['graphs_compiled_first_call']:8} {p['wall_ms']:8.2f} "
+              f"{p['max_abs_logit_diff']:12.4g} {p['argmax_agreement']:9.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
