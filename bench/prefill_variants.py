@@ -119,6 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     report = {"schema_version": 1, "env": environment_fingerprint(device=str(static.device), dtype=dtype),
               "settings": {"groups": args.groups, "prompt_len": args.prompt_len, "reps": args.reps}, "points": []}
     eager_logits: dict[int, torch.Tensor] = {}
+    print(HEADER, flush=True)
     for name in ["eager"] + [v for v in args.variants if v != "eager"]:  # eager first: the others' reference
         ops = variant_ops(name, target)
         for n in args.groups:
@@ -130,13 +131,19 @@ def main(argv: list[str] | None = None) -> int:
                             "argmax_agreement": float((logits.argmax(-1) == reference.argmax(-1)).float().mean())})
             if name in args.variants:
                 report["points"].append(figures)
+                print(row(figures), flush=True)  # as measured: a run cut short still shows its points
     args.out_dir.mkdir(parents=True, exist_ok=True)
     write_text_atomic(args.out_dir / "prefill_variants.json", json.dumps(report, indent=1))
-    print(f"{'variant':8} {'prompts':>7} {'tokens':>6} {'first s':>8} {'compiled':>8} {'wall ms':>8} {'max |dlogit|':>12} {'argmax ==':>9}")
-    for p in report["points"]:
-        print(f"{p['variant']:8} {p['prompts']:7} {p['tokens']:6} {p['first_call_s']:8.2f} {p['graphs_compiled_first_call']:8} {p['wall_ms']:8.2f} "
-              f"{p['max_abs_logit_diff']:12.4g} {p['argmax_agreement']:9.3f}")
     return 0
+
+
+HEADER = (f"{'variant':8} {'prompts':>7} {'tokens':>6} {'first s':>8} {'compiled':>8} {'wall ms':>8} {'max |dlogit|':>12} "
+          f"{'argmax ==':>9}")
+
+
+def row(p: dict) -> str:
+    return (f"{p['variant']:8} {p['prompts']:7} {p['tokens']:6} {p['first_call_s']:8.2f} {p['graphs_compiled_first_call']:8} "
+            f"{p['wall_ms']:8.2f} {p['max_abs_logit_diff']:12.4g} {p['argmax_agreement']:9.3f}")
 
 
 if __name__ == "__main__":
