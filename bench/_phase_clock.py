@@ -1,4 +1,4 @@
-"""Wall time per named phase of a decode loop for the bench/profile_*.py scripts, and the device sync every bench script shares."""
+"""Wall time per named phase of a decode loop for the bench/profile_*.py scripts, and the device sync and timed calls the bench scripts share."""
 
 from __future__ import annotations
 
@@ -11,6 +11,18 @@ import torch
 def sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+def timed_calls(device: torch.device, fn, reps: int) -> list[float]:
+    """Wall seconds of ``reps`` calls of ``fn()``, the device synchronised before and after each."""
+    times = []
+    for _ in range(reps):
+        sync(device)
+        start = time.perf_counter()
+        fn()
+        sync(device)
+        times.append(time.perf_counter() - start)
+    return times
 
 
 class PhaseClock:

@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _bench_target import add_target_arguments, load_target  # noqa: E402
-from _phase_clock import sync  # noqa: E402
+from _phase_clock import sync, timed_calls  # noqa: E402
 
 from specbench.atomic_write import write_text_atomic  # noqa: E402
 from specbench.compile_watch import compiled_graphs  # noqa: E402
@@ -84,13 +84,7 @@ def measure(target: BatchedStaticTarget, ops: StepOps, prompts: list[torch.Tenso
     first = time.perf_counter() - start
     graphs = compiled_graphs() - graphs
     timed_from = compiled_graphs()
-    times = []
-    for _ in range(reps):
-        sync(target.device)
-        start = time.perf_counter()
-        admit()
-        sync(target.device)
-        times.append(time.perf_counter() - start)
+    times = timed_calls(target.device, admit, reps)
     return {"first_call_s": first, "graphs_compiled_first_call": graphs, "graphs_compiled_while_timed": compiled_graphs() - timed_from,
             "wall_ms": statistics.median(times) * 1e3}, logits
 

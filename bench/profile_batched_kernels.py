@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _bench_target import add_target_arguments, load_target  # noqa: E402
-from _phase_clock import sync  # noqa: E402
+from _phase_clock import sync, timed_calls  # noqa: E402
 
 from specbench.atomic_write import write_text_atomic  # noqa: E402
 from specbench.engine.batched_cache import attention_span  # noqa: E402
@@ -128,13 +128,7 @@ def group_prefill(target: BatchedStaticTarget, prompts: list[torch.Tensor], reps
             target.release(slot)
         target.prefill_many(slots, prompts)
 
-    times = []
-    for _ in range(reps):
-        sync(target.device)
-        start = time.perf_counter()
-        admit()
-        sync(target.device)
-        times.append(time.perf_counter() - start)
+    times = timed_calls(target.device, admit, reps)
     return {"tokens": sum(p.numel() for p in prompts), "wall_ms": statistics.median(times) * 1e3,
             **profiled(target.device, admit, 2)}
 
