@@ -6,7 +6,7 @@ T(1) and T(K+1), device synchronised around each, median of ``--reps``), the dec
 step (median of ``--repeats`` requests, the two engines alternating), their difference (the loop's work
 outside the verify: proposing, verification, commit, bookkeeping) and, from torch.profiler over one
 request, what the host launched per step (kernels, copies, graph replays, synchronisations) and its top
-host ops. Writes OUT_DIR/decode_overhead.json atomically and prints a table.
+host ops: the whole request's counts, its prefill and first token included, divided by its steps. Writes OUT_DIR/decode_overhead.json atomically and prints a table.
 
     python bench/profile_decode_overhead.py OUT_DIR --synth-dir SYNTH_DIR [--k 3] [--new-tokens 128]
     python bench/profile_decode_overhead.py OUT_DIR --tiny --device cpu --new-tokens 16     # CPU smoke test
@@ -54,27 +54,29 @@ class Engine:
         else:
             self.target = static
 
+    def proposer(self, kind: str):
+        """The oracle for this engine (batched or one sequence's); None for plain."""
+        if kind == "plain":
+            return None
+        if self.name == "batched":
+            return ScriptedBatch({tuple(self.prompt.tolist()): self.truth}, self.k, self.static.vocab_size)
+        return ScriptedProposer(self.truth, self.k, self.static.vocab_size)
+
     def decode(self, kind: str) -> tuple[float, int]:
         """(seconds of the decode steps, their count) of one request, first token left out."""
         if self.name == "batched":
-            proposer = None if kind == "plain" else ScriptedBatch({tuple(self.prompt.tolist()): self.truth}, self.k,
-                                                                  self.static.vocab_size)
-            decoder = BatchedDecoder(self.target, proposer, self.config)
+            decoder = BatchedDecoder(self.target, self.proposer(kind), self.config)
             decoder.generate_all([self.prompt])
             return decoder.stats.step_s, decoder.stats.num_steps
-        proposer = None if kind == "plain" else ScriptedProposer(self.truth, self.k, self.static.vocab_size)
-        result = Decoder(self.target, proposer, self.config).generate(self.prompt)
+        result = Decoder(self.target, self.proposer(kind), self.config).generate(self.prompt)
         return result.timing.total_s - result.timing.time_to_first_token_s, result.counters.num_target_forwards
 
     def verify_ms(self, kind: str, reps: int) -> float:
         """The verify call of the kind's step alone (T(1) or T(K+1)), ms."""
         if self.name == "batched":
-            proposer = None if kind == "plain" else ScriptedBatch({tuple(self.prompt.tolist()): self.truth}, self.k,
-                                                                  self.static.vocab_size)
-            costs = measure_batched_step_costs(self.target, proposer, [self.prompt], reps=reps)
+            costs = measure_batched_step_costs(self.target, self.proposer(kind), [self.prompt], reps=reps)
         else:
-            proposer = None if kind == "plain" else ScriptedProposer(self.truth, self.k, self.static.vocab_size)
-            costs = measure_step_costs(self.target, proposer, self.prompt, reps=reps)
+            costs = measure_step_costs(self.target, self.proposer(kind), self.prompt, reps=reps)
         return (costs.t1_s if kind == "plain" else costs.verify_s) * 1e3
 
 

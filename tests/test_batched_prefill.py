@@ -55,6 +55,17 @@ def test_a_group_prefill_leaves_each_slot_as_its_own_prefill_does(static, budget
     assert torch.equal(group._cache.kv[:, :, 1], marker) and group.cache_length(1) == 0
 
 
+def test_a_forward_without_a_mask_refuses_a_single_sequence_cache(static):
+    """No mask means a group prefill, which writes a batched cache: a one-sequence cache is refused by name, before
+    anything is written."""
+    layers, kv_heads, head_dim = static.module.shape.num_layers, static.module.shape.num_kv_heads, static.module.shape.head_dim
+    cache = torch.zeros(layers, 2, kv_heads, 16, head_dim)  # (L, 2, KVH, S, D)
+    ids = PROMPTS[0][:4]
+    with pytest.raises(ValueError, match=r"group prefill, which writes a batched cache .*has shape \(2, 2, 16, 16\)"):
+        static.module(ids, torch.arange(4), torch.arange(1), None, cache)
+    assert not cache.any()
+
+
 def test_the_token_budget_splits_groups_by_count_times_longest():
     assert split_group([4, 4, 4, 4], 16) == [[0, 1, 2, 3]]
     assert split_group([4, 4, 9, 4], 16) == [[0, 1], [2], [3]]  # 3 x 9 > 16; a 9 and a 4 pad to 18 > 16

@@ -101,6 +101,17 @@ def test_constructed_logits_accept_the_known_nodes(chain):
         assert ties > 10, "the trees must include equally deep accepted paths to test the tie rule"
 
 
+def test_a_chain_is_verified_without_reading_its_parents():
+    """A chain's parents are 0..N-1 by definition, so its verification never reads them: on a GPU a host-held
+    chain's parents would be a pageable upload that waits for the stream every step."""
+    gen = torch.Generator().manual_seed(7)
+    draft, logits = constructed_case(gen, list(range(6)), vocab=50, p_ok=0.8)
+    verify_ids = torch.cat([torch.tensor([5]), draft.tokens])  # (N + 1,)
+    want = reference(draft, verify_ids, logits)
+    draft.parents = None  # any read of them would raise
+    assert greedy_on_device(draft, verify_ids, logits, is_chain=True) == want
+
+
 def test_duplicate_sibling_tokens_tie_to_the_earliest_node():
     # nodes 1 and 2 both copy the root's argmax; 3 under 2 and 4 under 1 both copy theirs: the tie at
     # depth 2 goes to node 3 (the lower index), though node 4 hangs under the earlier sibling

@@ -1,4 +1,4 @@
-"""bench/prefill_variants.py's CPU smoke path: the JSON's structure, eager as its own reference, and the argument
+"""bench/prefill_variants.py's CPU smoke path: the JSON's structure, the eager group against one-slot prefills, and the argument
 checks (no timing is asserted; the compiled variants are exercised on the GPU tier)."""
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ def test_cpu_report_structure(bench, tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["prefill_variants.json"]  # written atomically: no temp left
     points = json.loads((tmp_path / "prefill_variants.json").read_text())["points"]
     assert [(p["variant"], p["prompts"], p["tokens"]) for p in points] == [("eager", 2, 16), ("eager", 3, 24)]
-    for point in points:  # the eager variant is the reference: the same logits again
-        assert point["max_abs_logit_diff"] == 0 and point["argmax_agreement"] == 1.0
+    for point in points:  # against each prompt's one-slot prefill: fp32, other matmul shapes, equal to rounding
+        assert point["max_abs_logit_diff"] < 1e-4 and point["argmax_agreement"] == 1.0
         assert point["graphs_compiled_first_call"] == 0 and point["graphs_compiled_while_timed"] == 0
 
 

@@ -25,6 +25,7 @@ def stage_inputs(width: int, gen: torch.Generator) -> dict:
         "add_rms_norm": (torch.randn(width, hidden, generator=gen), torch.randn(width, hidden, generator=gen),
                          torch.randn(hidden, generator=gen), 1e-5),
         "rope_qkv": (torch.randn(width, (NH + 2 * KVH) * D, generator=gen), cos, sin, NH, KVH),
+        "rotate_heads": (torch.randn(width, (NH + 2 * KVH) * D, generator=gen), cos, sin, NH, KVH),
         "swiglu": (torch.randn(width, 48, generator=gen),),
     }
 
@@ -60,6 +61,19 @@ def test_rope_qkv_hands_attention_and_the_cache_their_layouts():
     q0, kv0 = EAGER_OPS.rope_qkv(zero, torch.ones(1, D), torch.zeros(1, D), NH, KVH)
     assert torch.equal(q0[0, :, 0], zero.view(NH + 2 * KVH, D)[:NH])
     assert torch.equal(kv0[0, :, 0], zero.view(NH + 2 * KVH, D)[NH:NH + KVH])
+
+
+def test_rotate_heads_hands_a_group_prefill_views_with_a_contiguous_last_dimension():
+    """Group prefill (Attention.prefill_rows) passes q, k and v to attention and the cache as they come: the
+    rotated q and k of rope_qkv, unstacked, and the projection's own values."""
+    gen = torch.Generator().manual_seed(1)
+    qkv, cos, sin, nh, kvh = stage_inputs(5, gen)["rotate_heads"]
+    q, k, v = EAGER_OPS.rotate_heads(qkv, cos, sin, nh, kvh)
+    assert q.shape == (NH, 5, D) and k.shape == v.shape == (KVH, 5, D)
+    assert q.stride(-1) == k.stride(-1) == v.stride(-1) == 1
+    stacked_q, kv_new = EAGER_OPS.rope_qkv(qkv, cos, sin, nh, kvh)
+    assert torch.equal(q, stacked_q[0]) and torch.equal(k, kv_new[0]) and torch.equal(v, kv_new[1])
+    assert v.data_ptr() == qkv[:, (NH + KVH) * D:].data_ptr()  # a view: values are not copied
 
 
 def test_compiled_static_target_decodes_as_the_eager_stages():

@@ -5,7 +5,7 @@ of ``(n, T_max)`` tokens instead of n forwards of one prompt each: a batch-1 pre
 launch-bound and the same ~1,000 kernels whatever T, so n sequential prefills cost n times that
 (docs/batching.md#admission). Row i attends causally to its own prompt only, through the fused causal
 attention kernel with no mask; each layer writes the group's keys and values into the first T_max
-entries of their slots in one copy, so the other slots' entries are never touched. The rows past T_i
+entries of their slots (one ``index_copy_`` each), so the other slots' entries are never touched. The rows past T_i
 are padding whose outputs are dropped and whose entries lie beyond the slot's length. Groups larger
 than ``token_budget`` padded tokens are split, which bounds the activations.
 """

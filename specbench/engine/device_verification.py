@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 
 from specbench.engine.draft import Draft
+from specbench.engine.transfers import tensor_to_device
 from specbench.engine.sampling import SamplingParams, target_probs
 
 
@@ -18,7 +19,8 @@ def greedy_on_device(
     compute: the accepted path root first, the target's token after it, and the tokens the step emits
     (the accepted draft tokens, then ``next_token``). Every tensor op stays on the device; the only
     device-to-host transfer is one ``.tolist()`` of a packed int64 tensor. ``is_chain`` overrides
-    ``draft.is_chain`` (a chain-shaped tree verifies alike either way); a tree reads its ancestor matrix from
+    ``draft.is_chain`` (a chain-shaped tree verifies alike either way); True asserts the parents are 0..N-1, and
+    they are not read. A tree reads its ancestor matrix from
     ``draft.tree_mask()``, which the draft computes once (a static tree's buffers hold it precomputed). A tree
     draft whose longest path is not known on the host yet (EAGLE-2's) gets it from the same readback, so the
     decode loop's ``draft.depth()`` costs no second one.
@@ -28,8 +30,8 @@ def greedy_on_device(
     verify_ids = verify_ids.to(device)  # (N + 1,) root first
     target = logits.argmax(dim=-1)  # (N + 1,) the target's token after each node
     chain = draft.is_chain if is_chain is None else is_chain
-    # a chain's parents are 0..N-1: no upload of a host-held draft's parents (a pageable copy waits for the stream)
-    parent_target = target[:n] if chain else target[draft.parents.to(device)]  # (N,) argmax of each parent's row
+    # a chain's parents are 0..N-1: not uploaded; a host-held tree's go up pinned (a pageable copy waits for the stream)
+    parent_target = target[:n] if chain else target[tensor_to_device(draft.parents, device)]  # (N,) argmax of each parent's row
     draft_ok = verify_ids[1:] == parent_target  # (N,)
     node_ok = torch.cat([torch.ones(1, dtype=torch.bool, device=device), draft_ok])  # (N + 1,) root is ok
     if chain:
@@ -40,7 +42,7 @@ def greedy_on_device(
         next_token = values[1]
         accepted = list(range(values[0] + 1))
     else:
-        ancestors = draft.tree_mask().to(device)  # (N + 1, N + 1) bool: row i = i and its ancestors
+        ancestors = tensor_to_device(draft.tree_mask(), device)  # (N + 1, N + 1) bool: row i = i and its ancestors
         # a node is on an accepted path iff it and all its ancestors are ok
         on_path = ~(ancestors & ~node_ok[None, :]).any(dim=1)  # (N + 1,)
         depth = ancestors.sum(dim=1) - 1  # (N + 1,) ancestors + self, less self

@@ -170,7 +170,13 @@ class Attention(PartialSumOutput, nn.Module):
     def forward(self, x, cos, sin, kv: torch.Tensor, slots: torch.Tensor, bias: torch.Tensor, ops: StepOps) -> torch.Tensor:
         """``x`` (W, H) normed input; ``kv`` (2, KVH, S, D) this layer's cache; ``slots`` (W,) where the new keys go;
         ``bias`` (W, K) the additive attention bias over the first K cache slots (0 = attend, -inf = not).
-        A batched cache ``kv`` (2, B, KVH, S, D) takes the batched branch (:meth:`forward_batched`)."""
+        A batched cache ``kv`` (2, B, KVH, S, D) takes the batched branch (:meth:`forward_batched`); ``bias`` None
+        is a group prefill into it (:meth:`prefill_rows`)."""
+        if bias is None:
+            if kv.dim() != 5:
+                raise ValueError("a forward without an attention mask is a group prefill, which writes a batched cache "
+                                 f"(2, B, KVH, S, D); this layer's cache has shape {tuple(kv.shape)}")
+            return self.prefill_rows(x, cos, sin, kv, slots, ops)
         if kv.dim() == 5:
             return self.forward_batched(x, cos, sin, kv, slots, bias, ops)
         width, nh, kvh = x.shape[0], self.num_heads, self.num_kv_heads
@@ -189,10 +195,7 @@ class Attention(PartialSumOutput, nn.Module):
     def forward_batched(self, x, cos, sin, kv: torch.Tensor, slots: torch.Tensor, bias: torch.Tensor, ops: StepOps) -> torch.Tensor:
         """B sequences of W nodes each, flattened: ``x`` (B * W, H); ``kv`` (2, B, KVH, S, D) this layer's batched
         cache; ``slots`` (B, W) where each sequence's new keys go in its own cache row; ``bias`` (B, W, K) each
-        sequence's additive attention bias over its first K slots (docs/batching.md). ``bias`` None is a group
-        prefill (:meth:`prefill_rows`)."""
-        if bias is None:
-            return self.prefill_rows(x, cos, sin, kv, slots, ops)
+        sequence's additive attention bias over its first K slots (docs/batching.md)."""
         batch, width = slots.shape
         nh, kvh, d = self.num_heads, self.num_kv_heads, self.head_dim
         qkv = ops.linear(x, self.qkv.weight, self.qkv.bias)  # (B * W, (NH + 2 KVH) * D)

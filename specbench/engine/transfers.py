@@ -16,7 +16,7 @@ def host_to_device(values: list, device: torch.device) -> torch.Tensor:
 
 def tensor_to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
     """``tensor`` on ``device`` without a stream sync: a CPU tensor bound for CUDA is staged in pinned memory and
-    copied asynchronously (a host-held draft, n-gram's or a scripted one, every step); anything else as ``.to``."""
+    copied asynchronously (a host-held tree draft's depths, mask and parents, every step); anything else as ``.to``."""
     if device.type != "cuda" or tensor.device.type != "cpu":
         return tensor.to(device)
     return tensor.pin_memory().to(device, non_blocking=True)
