@@ -54,6 +54,7 @@ class CapturedHead:
         self.expansion_slots = expansion_slots  # B of the expand kind: the most draft nodes one step writes
         self.buffers: dict[tuple[str, int], HeadStepBuffers] = {}
         self._kv: torch.Tensor | None = None  # the cache tensor the graphs were captured over
+        self.prepared_over: torch.Tensor | None = None  # the cache tensor whose graphs the proposer prepared
         self._slot_index: torch.Tensor | None = None  # (S,)
 
     @property

@@ -230,10 +230,47 @@ class EagleProposer(Proposer):
         return self.captured.graphs.capture_seconds
 
     def reserve(self, num_tokens: int) -> None:
-        """Draft-cache room for requests of ``num_tokens`` tokens plus one step's expansion."""
-        self._capacity = max(self._capacity, num_tokens + self.expansion_slots)
+        """Draft-cache room for requests of ``num_tokens`` tokens plus one step's expansion; with drafting graphs on,
+        every graph a request can replay is captured here, before any clock starts (:meth:`_prepare_graphs`)."""
+        self._capacity = max(self._capacity, num_tokens + self.expansion_slots, self._PREPARE_PROMPT + self.max_depth
+                             + 2 + self.expansion_slots)
         self.head.reset_cache(self._capacity)
         self._committed = 0
+        self._prepare_graphs()
+
+    @property
+    def max_depth(self) -> int:
+        """The deepest node a draft can hold: a step accepts at most this many tokens."""
+        if self.mode == "chain":
+            return self.num_nodes
+        return self.plan.tree.max_depth if self.mode == "tree" else self.depth
+
+    @property
+    def feature_width(self) -> int:
+        """F of the target features each draft position reads: EAGLE-1/2's ``fc`` takes the embedding and F = H."""
+        return self.head.fc.in_features - self.head.config.hidden_size
+
+    _PREPARE_PROMPT = 1  # the dummy request's prompt length: its first catch-up (eager) is one position
+
+    @torch.inference_mode()
+    def _prepare_graphs(self) -> None:
+        """Capture the drafting graphs on a dummy request of zeros: the expansions' (their widths do not depend on
+        the tokens) and a catch-up of every width a step can bring, 1 to ``max_depth`` + 1 (the accepted tokens
+        and the bonus one). Skipped when the graphs over this draft cache exist; the cache is emptied after."""
+        cache = self.head.cache
+        if not self.captured.enabled or (cache is not None and self.captured.prepared_over is cache.kv):
+            return
+        device, dtype = self.head.fc.weight.device, self.head.fc.weight.dtype
+        base, widths = self._PREPARE_PROMPT, range(1, self.max_depth + 2)
+        tokens = torch.zeros(base + widths[-1] + 1, dtype=torch.long, device=device)  # (T,)
+        features = torch.zeros(tokens.numel() - 1, self.feature_width, dtype=dtype, device=device)  # (T - 1, F)
+        self._draft(ProposerState(token_ids=tokens[: base + 1], hidden_states=features[:base]))  # eager catch-up
+        for width in widths:
+            self._committed = base  # each catch-up starts at the same position: `width` new ones
+            self._draft(ProposerState(token_ids=tokens[: base + width + 1], hidden_states=features[: base + width]))
+        self.head.reset_cache(self._capacity)
+        self._committed, self._captured_root = 0, None
+        self.captured.prepared_over = self.head.cache.kv
 
     def begin_request(self, prompt_ids: torch.Tensor) -> None:
         self.head.reset_cache(max(self._capacity, prompt_ids.numel() + self.expansion_slots + 1))
@@ -298,6 +335,9 @@ class EagleProposer(Proposer):
 
     @torch.inference_mode()
     def propose(self, state: ProposerState) -> Draft:
+        return self._draft(state)
+
+    def _draft(self, state: ProposerState) -> Draft:
         root_hidden = self._catch_up(state)  # (H,)
         root_logits = self._root_logits(root_hidden)  # (V,) predicts depth 1
         expand = self._expander()

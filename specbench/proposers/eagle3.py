@@ -36,6 +36,11 @@ class Eagle3Proposer(EagleProposer):
         self.identity_vocab = (head.config.draft_vocab_size == target_vocab_size
                                and torch.equal(self.draft_ids.cpu(), torch.arange(target_vocab_size)))
 
+    @property
+    def feature_width(self) -> int:
+        """EAGLE-3's ``fc`` fuses the target's aux-layer streams alone: F = 3H."""
+        return self.head.fc.in_features
+
     # -- EagleProposer.from_options' hooks: the head's own lm_head, the target's aux-layer features ----------
 
     @classmethod
