@@ -22,11 +22,14 @@ from test_static_target import VOCAB, build
 from _prompts import random_prompt, repetitive_prompt
 
 MAX_NEW = 20
-CASES = {  # label -> (proposer name, options, head factory, expand widths per propose)
-    "eagle-chain": ("eagle", dict(num_speculative_tokens=3), lambda: random_head(with_embed=False), {1: 2}),
-    "eagle1-static-tree": ("eagle", dict(tree=SMALL_TREE), lambda: random_head(), {2: 2}),
-    "eagle2-dynamic-tree": ("eagle", dict(top_k=3, depth=4, total_tokens=12), lambda: random_head(seed=5, std=0.1), {3: 3}),
-    "eagle3-dynamic-tree": ("eagle3", dict(top_k=3, depth=4, total_tokens=12), lambda: random_head3(seed=2), {3: 3}),
+CASES = {  # label -> (proposer name, options, head factory, expand widths per propose, catch-up widths)
+    # catch-up widths: accepted + 1, up to the deepest node + 1 (chain K = 3; SMALL_TREE depth 3; dynamic depth 4)
+    "eagle-chain": ("eagle", dict(num_speculative_tokens=3), lambda: random_head(with_embed=False), {1: 2}, {1, 2, 3, 4}),
+    "eagle1-static-tree": ("eagle", dict(tree=SMALL_TREE), lambda: random_head(), {2: 2}, {1, 2, 3, 4}),
+    "eagle2-dynamic-tree": ("eagle", dict(top_k=3, depth=4, total_tokens=12), lambda: random_head(seed=5, std=0.1), {3: 3},
+                            {1, 2, 3, 4, 5}),
+    "eagle3-dynamic-tree": ("eagle3", dict(top_k=3, depth=4, total_tokens=12), lambda: random_head3(seed=2), {3: 3},
+                            {1, 2, 3, 4, 5}),
 }
 
 
@@ -71,7 +74,7 @@ def build_target(label: str, device="cpu", graph_backend=None, **options) -> Sta
 
 
 def build_proposer(label: str, target, **options):
-    name, mode, head, _ = CASES[label]
+    name, mode, head, _, _ = CASES[label]
     return create_proposer(name, target, head=head().to(target.device), **mode, **options)
 
 
@@ -125,8 +128,7 @@ def test_each_kind_and_width_is_captured_once_then_replayed(label):
     calls = counting(proposer)
     proposer.reserve(80)  # captures every drafting graph, before any request
     prepared, seconds = dict(graphs.captures), graphs.capture_seconds
-    widths = set(range(1, proposer.max_depth + 2))  # a step's catch-up: its accepted tokens and the bonus one
-    assert {w for kind, w in prepared if kind == CATCH_UP} == widths
+    assert {w for kind, w in prepared if kind == CATCH_UP} == CASES[label][4]
     assert {w for kind, w in prepared if kind == EXPAND} == set(CASES[label][3])
     assert not calls and seconds > 0  # the dummy request is not a propose the decoder sees
     replayed = graphs.replays.copy()
@@ -138,6 +140,19 @@ def test_each_kind_and_width_is_captured_once_then_replayed(label):
     assert expands == {w: per * len(calls) for w, per in CASES[label][3].items()}  # every depth of every propose
     assert catch_ups == len(calls) - len(PROMPTS)  # the first catch-up of each request (its prompt) runs eagerly
     assert proposer.describe()["draft_capture_seconds"] == graphs.capture_seconds
+
+
+def test_a_dynamic_tree_of_fewer_nodes_than_levels_prepares_only_the_reachable_widths():
+    """total_tokens 3 < depth 6: no accepted path is longer than 3 nodes, so catch-ups of 1 to 4 are prepared (the
+    wider ones would run eagerly, as a real request's never do) and decoding captures nothing more."""
+    target = build_target("eagle2-dynamic-tree", graph_backend=TargetCapture())
+    proposer = create_proposer("eagle", target, head=random_head(seed=5, std=0.1), top_k=2, depth=6, total_tokens=3,
+                               graph_backend=FakeCapture())
+    proposer.reserve(80)
+    prepared = dict(proposer.captured.graphs.captures)
+    assert proposer.max_depth == 3 and {w for kind, w in prepared if kind == CATCH_UP} == {1, 2, 3, 4}
+    decode_all(target, proposer)
+    assert proposer.captured.graphs.captures == prepared
 
 
 def test_graphs_follow_the_target():
@@ -177,7 +192,10 @@ def assert_same_decoding(target, label, make_backend, want_truth=None):
     eager = build_proposer(label, target, cuda_graphs=False)
     graphed = build_proposer(label, target, cuda_graphs=True, graph_backend=make_backend())
     want_drafts, got_drafts = oracle_driven(eager, truth), oracle_driven(graphed, truth)
+    graphed.reserve(80)
+    prepared = dict(graphed.captured.graphs.captures)
     want_ragged, got_ragged = decode_all(target, eager, PROMPTS[:1]), decode_all(target, graphed, PROMPTS[:1])
+    assert graphed.captured.graphs.captures == prepared  # ragged acceptance, every catch-up width: none captured
     assert got_ragged[0].output_token_ids == want_ragged[0].output_token_ids == truth
     assert got_ragged[0].counters == want_ragged[0].counters
     assert len(got_drafts) == len(want_drafts) > 3

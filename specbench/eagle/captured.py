@@ -111,6 +111,7 @@ class CapturedHead:
         if cache.kv is not self._kv:
             self.graphs.drop()
             self.buffers.clear()
+            self.prepared_over = None  # and holds no reference to the old cache
             self._kv = cache.kv
             self._slot_index = torch.arange(cache.capacity, device=cache.kv.device)  # (S,)
         return cache

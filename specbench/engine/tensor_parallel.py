@@ -235,7 +235,8 @@ class RankZeroProposer(Proposer):
         return capture_seconds(self.inner)
 
     def reserve(self, num_tokens: int) -> None:
-        self.inner.reserve(num_tokens)
+        if self.rank == 0:  # the other ranks never draft: no cache to size, no drafting graphs to capture
+            self.inner.reserve(num_tokens)
 
     def begin_request(self, prompt_ids: torch.Tensor) -> None:
         self.inner.begin_request(prompt_ids)

@@ -243,7 +243,7 @@ class EagleProposer(Proposer):
         """The deepest node a draft can hold: a step accepts at most this many tokens."""
         if self.mode == "chain":
             return self.num_nodes
-        return self.plan.tree.max_depth if self.mode == "tree" else self.depth
+        return self.plan.tree.max_depth if self.mode == "tree" else min(self.depth, self.num_nodes)
 
     @property
     def feature_width(self) -> int:
