@@ -128,7 +128,7 @@ def measure_batch(static: StaticTarget, batch: int, prompts: list, truths: dict,
     """One point of the curve: each run kind through ``BatchedDecoder`` at ``batch`` slots, the median of ``--repeats``
     timed runs. Given ``single`` (a dict to fill), the single-sequence engine decodes the same prompts (plain and
     oracle) in timed runs alternating with the batched ones, so the two engines' ratio sees the same machine."""
-    target = BatchedStaticTarget.from_static_target(static, batch)
+    target = BatchedStaticTarget.from_static_target(static, batch, fused_prefill=args.fused_prefill)
     # the full cache and the chain width first: a cache that grew after the warm-up would re-capture while timed
     target.reserve(max(p.numel() for p in prompts) + config.max_new_tokens + args.k, args.k)
     if single is not None:
@@ -227,6 +227,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--new-tokens", type=int, default=128, help="max_new_tokens of every request (EOS ignored)")
     parser.add_argument("-k", "--k", type=int, default=3, help="draft tokens per step of the oracle and the profile")
     parser.add_argument("--repeats", type=int, default=1, help="timed runs per point; the median by wall time is kept")
+    parser.add_argument("--fused-prefill", action="store_true",
+                        help="admissions through the fused group prefill (BatchedStaticTarget(fused_prefill=True))")
     args = parser.parse_args(argv)
     args.batch_sizes = sorted(args.batch_sizes)
     if args.rounds < 1 or args.repeats < 1 or args.k < 1 or args.new_tokens < 2 or args.prompt_len < 1:
@@ -251,6 +253,7 @@ def main(argv: list[str] | None = None) -> int:
                     "settings": {"model": "tiny-random" if args.tiny else str(args.synth_dir), "dtype": dtype,
                                  "batch_sizes": args.batch_sizes, "rounds": args.rounds, "prompt_len": args.prompt_len,
                                  "new_tokens": args.new_tokens, "k": args.k, "repeats": args.repeats,
+                                 "fused_prefill": args.fused_prefill,
                                  "medusa_profile": list(MEDUSA_PROFILE)},
                     "curve": []}
     single: dict = {}  # the single-sequence engine, measured beside the smallest B (B = 1's requests when it ran)

@@ -1,17 +1,19 @@
 """A batched admission's group prefill with its pointwise stages eager, or fused by torch.compile, side by side.
 
-The batched engine prefills every admission eagerly (engine/batched_prefill.py). At 32 prompts of 128 tokens
-a third of that forward is unfused pointwise work (docs/batching.md#admission). This script times one group
+The batched engine prefills every admission eagerly unless built with ``fused_prefill`` (engine/batched_prefill.py).
+At 32 prompts of 128 tokens a third of the eager forward is unfused pointwise work (docs/batching.md#admission). This script times one group
 prefill of n prompts, for each n of ``--groups``, under each stage variant:
 
-- ``eager``: what the engine runs;
-- ``own``: every stage compiled with every dimension symbolic from the start (``dynamic=True``), in dynamo caches of its own
-  (copies of the stages' code objects, so the steps' compiled stages are never recompiled by a prefill);
+- ``eager``: what the engine runs by default;
+- ``fused``: the engine's ``fused_prefill`` (``static_ops.compiled_prefill_ops``): every stage compiled in a dynamo
+  cache of its own (a copy of its code object, so the steps' compiled stages are never recompiled by a prefill),
+  automatic dynamic (the second group size recompiles it with the token count symbolic);
 - ``shared``: the steps' own compiled stages (what an earlier attempt used).
 
 For each it reports the first call's seconds (compilation included), the median wall time of ``--reps`` calls
 (device synchronised) and how far the group's last-position logits are from each prompt's own one-slot
-prefill (max abs difference, argmax agreement: what the decoder would see from an admission of one). Writes OUT_DIR/prefill_variants.json atomically and prints a table.
+prefill (max abs difference, argmax agreement: what the decoder would see from an admission of one). Writes
+OUT_DIR/prefill_variants.json atomically and prints a table.
 
     python bench/prefill_variants.py OUT_DIR --synth-dir SYNTH_DIR [--groups 2,8,32] [--prompt-len 128]
     python bench/prefill_variants.py OUT_DIR --tiny --device cpu --variants eager --groups 2     # CPU smoke test
@@ -24,11 +26,9 @@ import json
 import statistics
 import sys
 import time
-import types
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -41,28 +41,17 @@ from specbench.compile_watch import compiled_graphs  # noqa: E402
 from specbench.cli.arguments import list_argument_type  # noqa: E402
 from specbench.engine.batched_prefill import prefill_group  # noqa: E402
 from specbench.engine.batched_target import BatchedStaticTarget  # noqa: E402
-from specbench.engine.static_ops import EAGER_OPS, STAGES, StepOps, compiled_ops  # noqa: E402
+from specbench.engine.static_ops import EAGER_OPS, StepOps, compiled_ops, compiled_prefill_ops  # noqa: E402
 from specbench.env import environment_fingerprint  # noqa: E402
 
-VARIANTS = ("eager", "own", "shared")
-
-
-def own_cache_ops() -> StepOps:
-    """Every stage compiled, every dimension symbolic, each in a dynamo cache of its own (a copy of its code object)."""
-
-    def own(fn):
-        code = fn.__code__.replace(co_name=f"prefill_{fn.__name__}")
-        return torch.compile(types.FunctionType(code, fn.__globals__, code.co_name, fn.__defaults__, fn.__closure__),
-                             fullgraph=True, dynamic=True)
-
-    return StepOps(*(own(f) for f in STAGES), linear=F.linear, compiled=True)
+VARIANTS = ("eager", "fused", "shared")
 
 
 def variant_ops(name: str, target: BatchedStaticTarget) -> StepOps:
     if name == "eager":
         return EAGER_OPS
-    if name == "own":
-        return own_cache_ops()
+    if name == "fused":
+        return compiled_prefill_ops()  # the engine's fused_prefill
     return target._ops if target._ops.compiled else compiled_ops()  # the steps' stages
 
 

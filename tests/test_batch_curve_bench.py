@@ -50,6 +50,21 @@ def test_report_structure(report):
     assert "single-sequence static engine, batch 1" in report["table"]
 
 
+def test_a_fused_prefill_curve_compiles_nothing_while_timed(bench, tmp_path):
+    """--fused-prefill: the group prefill's stages compile in the target's preparation (two warm-up widths), so no
+    timed run compiles, though every admission of 3 prompts goes through them (CPU: inductor's C++ kernels)."""
+    assert bench.main([str(tmp_path), "--tiny", "--device", "cpu", "--batch-sizes", "3", "--new-tokens", "4",
+                       "--prompt-len", "6", "-k", "2", "--fused-prefill"]) == 0
+    report = json.loads((tmp_path / "batch_curve.json").read_text())
+    assert report["settings"]["fused_prefill"] is True
+    (point,) = report["curve"]
+    for kind in ("plain", "oracle", "medusa_profile"):
+        assert point[kind]["compiled_while_timed"] == 0, kind
+        assert point[kind]["num_requests"] == 6  # --rounds 2 at B = 3: a refill admission too
+    # the oracle's script came from the eager prefill: full acceptance means the fused one decodes the same tokens
+    assert point["oracle"]["acceptance_rate"] == 1.0
+
+
 def test_the_oracle_is_fully_accepted_at_every_batch_size(report):
     for point in report["curve"]:
         assert point["oracle"]["acceptance_rate"] == 1.0, point["batch_size"]

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from _prompts import random_prompt
+from specbench.compile_watch import compiled_graphs
 from specbench.engine.batched_decode import BatchedDecoder
 from specbench.engine.batched_prefill import split_group
 from specbench.engine.batched_target import BatchedStaticTarget
@@ -53,6 +54,26 @@ def test_a_group_prefill_leaves_each_slot_as_its_own_prefill_does(static, budget
         torch.testing.assert_close(out.logits, want.logits)
         assert out.logits.argmax(-1).tolist() == want.logits.argmax(-1).tolist()
     assert torch.equal(group._cache.kv[:, :, 1], marker) and group.cache_length(1) == 0
+
+
+def test_a_fused_group_prefill_compiles_before_the_clock_and_leaves_the_slots_as_the_eager_one(static):
+    """fused_prefill: the stages compiled in caches of their own at two warm-up widths (prepare_prefills); a third
+    width compiles nothing, and each slot holds what the eager group prefill leaves (fp32: equal to rounding)."""
+    fused = BatchedStaticTarget.from_static_target(static, 4, fused_prefill=True)
+    fused.reserve(32)
+    eager = batched(static)
+    fused.prepare_prefills([p.numel() for p in PROMPTS])
+    assert fused.cache_length(0) == fused.cache_length(1) == 0  # the warm-up's slots are emptied
+    before = compiled_graphs()
+    got = fused.prefill_many([3, 0, 2], PROMPTS)  # 3 x 17 padded tokens: not a warm-up width
+    assert compiled_graphs() == before, "an admission compiled: the warm-up left the token count static"
+    want = eager.prefill_many([3, 0, 2], PROMPTS)
+    for slot, prompt, g, w in zip([3, 0, 2], PROMPTS, got, want):
+        n = prompt.numel()
+        torch.testing.assert_close(g.logits, w.logits, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(g.hidden_states, w.hidden_states, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(fused._cache.kv[:, :, slot, :, :n], eager._cache.kv[:, :, slot, :, :n], rtol=1e-5, atol=1e-5)
+        assert fused.cache_length(slot) == n
 
 
 def test_a_forward_without_a_mask_refuses_a_single_sequence_cache(static):

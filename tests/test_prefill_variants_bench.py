@@ -27,7 +27,7 @@ def test_cpu_report_structure(bench, tmp_path):
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--variants", "eager,fused"], "got fused"),
+    (["--variants", "eager,own"], "got own"),
     (["--groups", "1,2"], "--groups of at least 2 prompts"),
 ])
 def test_bad_arguments(bench, capsys, argv, message):

@@ -19,6 +19,7 @@ from specbench.engine.static_ops import EAGER_OPS, StepOps
 from specbench.engine.target import TargetOutput
 from specbench.engine.transfers import host_to_device
 
+PREPARE_WIDTHS = (8, 16)  # a fused prefill's two warm-up widths: its first compile, then the symbolic one
 DEFAULT_TOKEN_BUDGET = 8192  # padded prompt tokens per prefill forward: a 7B's gate/up product is then 0.36 GB in bf16
 
 
@@ -48,7 +49,7 @@ def prefill_group(module, cache: BatchedKVCache, slots: list[int], prompts: list
     """Run ``prompts[i]`` ``(T_i,)`` (on the cache's device) into ``slots[i]`` of ``cache`` in one forward; the other
     slots are untouched. Returns per prompt its last row's logits ``(1, V)``, hidden states ``(T_i, H)`` and aux
     streams ``(T_i, A * H)`` (None without aux layers), as a one-slot prefill would. ``ops`` runs the pointwise
-    stages (eager, as every prefill of the engine; ``bench/prefill_variants.py`` times fused ones)."""
+    stages: eager, or fused (``static_ops.compiled_prefill_ops``, prepared by :func:`prepare_fused`)."""
     lengths = [p.numel() for p in prompts]
     n, width = len(prompts), max(lengths)
     device = cache.kv.device
@@ -71,3 +72,16 @@ def prefill_group(module, cache: BatchedKVCache, slots: list[int], prompts: list
         outputs.append(TargetOutput(logits=logits[row: row + 1], hidden_states=hidden[row, :length],
                                     aux_hidden_states=None if aux is None else aux[row, :length]))
     return outputs
+
+
+def prepare_fused(module, cache: BatchedKVCache, ops: StepOps, aux_layers: tuple[int, ...] = ()) -> None:
+    """Compile a fused group prefill's stages before anything is timed: a group of two prompts at each of
+    ``PREPARE_WIDTHS`` into slots 0 and 1, which are emptied after (called before a run, with every slot idle).
+    A no-op for eager stages, or with fewer than two slots (every admission is then a single prompt's)."""
+    if not ops.compiled or cache.batch_size < 2:
+        return
+    for width in PREPARE_WIDTHS:
+        prompt = torch.zeros(min(width, cache.capacity), dtype=torch.long, device=cache.kv.device)  # (T,)
+        prefill_group(module, cache, [0, 1], [prompt, prompt], aux_layers, ops)
+    for slot in (0, 1):
+        cache.reset_slot(slot)

@@ -21,12 +21,12 @@ import torch
 
 from specbench.engine.batched_cache import BatchedKVCache, attention_span, attention_spans, check_cache_fits
 from specbench.engine.batched_inputs import SlotInput, VerifiedStep, BatchBuffers, scatter_rows, step_kind
-from specbench.engine.batched_prefill import DEFAULT_TOKEN_BUDGET, prefill_group, split_group
+from specbench.engine.batched_prefill import DEFAULT_TOKEN_BUDGET, prefill_group, prepare_fused, split_group
 from specbench.engine.transfers import host_to_device, tensor_to_device
 from specbench.engine.graph_capture import GraphBackend, StepGraphs
 from specbench.engine.prefill_graphs import CapturedPrefill
 from specbench.engine.static_llama import StaticLlamaForCausalLM
-from specbench.engine.static_ops import EAGER_OPS, StepOps, compiled_ops
+from specbench.engine.static_ops import EAGER_OPS, StepOps, compiled_ops, compiled_prefill_ops
 from specbench.engine.target import TargetOutput
 
 
@@ -35,7 +35,7 @@ class BatchedStaticTarget:
 
     def __init__(self, module: StaticLlamaForCausalLM, config, batch_size: int, *, max_context: int,
                  compile: bool = False, ops: StepOps | None = None, cuda_graphs: bool = True,
-                 graph_backend: GraphBackend | None = None, prefill_graphs: bool = True):
+                 graph_backend: GraphBackend | None = None, prefill_graphs: bool = True, fused_prefill: bool = False):
         if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
             raise ValueError(f"batch_size must be an integer >= 1 (slots decoded together), got {batch_size!r}")
         self.module, self.config, self.batch_size = module, config, batch_size
@@ -59,6 +59,9 @@ class BatchedStaticTarget:
         self.cuda_graphs = self._graphs.enabled
         self.aux_layers: tuple[int, ...] = ()
         self.prefill_token_budget = DEFAULT_TOKEN_BUDGET  # padded tokens per group-prefill forward (prefill_many)
+        # a group prefill's stages: eager, or fused in compile caches of their own (engine/batched_prefill.py)
+        self.fused_prefill = fused_prefill
+        self._prefill_ops = compiled_prefill_ops() if fused_prefill else EAGER_OPS
         # one prompt's prefill replayed per padded width on CUDA (engine/prefill_graphs.py); its own graphs and pool
         self.prefill_graphs = CapturedPrefill(module, StepGraphs.for_device(self.device, self.cuda_graphs and prefill_graphs))
 
@@ -74,14 +77,16 @@ class BatchedStaticTarget:
 
     @classmethod
     def from_static_target(cls, target, batch_size: int, *, cuda_graphs: bool | None = None,
-                           graph_backend: GraphBackend | None = None, prefill_graphs: bool = True) -> "BatchedStaticTarget":
+                           graph_backend: GraphBackend | None = None, prefill_graphs: bool = True,
+                           fused_prefill: bool = False) -> "BatchedStaticTarget":
         """Over a ``StaticTarget``'s module (weights shared, nothing copied), with its max context, its stages (the
         same compiled functions, tuned one-row matmuls included), its aux layers and its graph setting unless
         ``cuda_graphs`` is given; ``prefill_graphs`` False keeps one-prompt prefills eager (a user that cannot
-        prepare them before a timed run)."""
+        prepare them before a timed run); ``fused_prefill`` compiles the group prefill's stages."""
         graphs = target.cuda_graphs if cuda_graphs is None else cuda_graphs
         batched = cls(target.module, target.config, batch_size, max_context=target.max_context, ops=target._ops,
-                      cuda_graphs=graphs, graph_backend=graph_backend, prefill_graphs=prefill_graphs)
+                      cuda_graphs=graphs, graph_backend=graph_backend, prefill_graphs=prefill_graphs,
+                      fused_prefill=fused_prefill)
         if target.aux_layers:  # an EAGLE-3 proposer already asked the static target for its features
             batched.set_aux_layers(target.aux_layers)
         return batched
@@ -126,11 +131,12 @@ class BatchedStaticTarget:
             self._widths["chain"] = self._widths["tree"] = max_draft_tokens + 1
 
     def prepare_prefills(self, lengths) -> None:
-        """Capture the one-prompt prefill graphs prompts of these ``lengths`` will replay (CUDA graphs on), before
-        anything is timed; a no-op without graphs or once captured."""
+        """Capture the one-prompt prefill graphs prompts of these ``lengths`` will replay (CUDA graphs on) and compile
+        a fused group prefill, before anything is timed; a no-op without graphs or fused stages, or once done."""
         if self._cache is None:
             raise ValueError("prepare_prefills before reserve(): size the batched cache first")
         self.prefill_graphs.prepare(lengths, self._cache.slot_view(0), self.aux_layers)
+        prepare_fused(self.module, self._cache, self._prefill_ops, self.aux_layers)
 
     def release(self, slot: int) -> None:
         """Free a finished slot: its length returns to 0, so its idle padding stays inside the cache."""
@@ -177,7 +183,7 @@ class BatchedStaticTarget:
                 outputs.append(self.prefill(slots[group[0]], ids[group[0]]))
             else:
                 outputs += prefill_group(self.module, self._cache, [slots[i] for i in group], [ids[i] for i in group],
-                                         self.aux_layers)
+                                         self.aux_layers, self._prefill_ops)
         return outputs
 
     def _prefill_ids(self, input_ids: torch.Tensor) -> torch.Tensor:

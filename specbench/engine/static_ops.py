@@ -11,6 +11,8 @@ uncompiled, which is what the CPU and every prefill use.
 
 from __future__ import annotations
 
+import functools
+import types
 from dataclasses import dataclass
 from typing import Callable
 
@@ -105,6 +107,24 @@ def compiled_ops(*, autotune_gemv: bool = False) -> StepOps:
         return torch.compile(fn, fullgraph=True, dynamic=None)
 
     return StepOps(*(fused(f) for f in STAGES), linear=_autotuned_gemv() if autotune_gemv else F.linear, compiled=True)
+
+
+@functools.cache
+def compiled_prefill_ops() -> StepOps:
+    """The stages of a fused group prefill (``BatchedStaticTarget(fused_prefill=True)``), one set per process.
+
+    Each stage is compiled from a copy of its code object, so it has a dynamo cache of its own: a prefill's
+    widths never recompile the steps' compiled stages (which a shared cache would do, with a symbolic width).
+    Shapes are automatic dynamic: the first group width compiles each stage, the second recompiles it with the
+    token count symbolic, and every later width reuses that (``batched_prefill.prepare_fused`` runs both before
+    anything is timed; docs/batching.md#admission)."""
+
+    def own(fn: Callable) -> Callable:
+        code = fn.__code__.replace(co_name=f"prefill_{fn.__name__}")
+        return torch.compile(types.FunctionType(code, fn.__globals__, code.co_name, fn.__defaults__, fn.__closure__),
+                             fullgraph=True, dynamic=None)
+
+    return StepOps(*(own(f) for f in STAGES), linear=F.linear, compiled=True)
 
 
 def _autotuned_gemv() -> Callable:
