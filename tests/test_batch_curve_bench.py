@@ -50,9 +50,9 @@ def test_report_structure(report):
     assert "single-sequence static engine, batch 1" in report["table"]
 
 
-def test_a_fused_prefill_curve_compiles_nothing_while_timed(bench, tmp_path):
-    """--fused-prefill: the group prefill's stages compile in the target's preparation (two warm-up widths), so no
-    timed run compiles, though every admission of 3 prompts goes through them (CPU: inductor's C++ kernels)."""
+def test_a_fused_prefill_curve_decodes_the_eager_tokens_and_compiles_nothing_while_timed(bench, tmp_path):
+    """--fused-prefill: every admission of 3 prompts goes through the compiled stages (CPU: inductor's C++ kernels),
+    no timed run compiles, and the oracle, scripted by the eager engine, is fully accepted (the same tokens)."""
     assert bench.main([str(tmp_path), "--tiny", "--device", "cpu", "--batch-sizes", "3", "--new-tokens", "4",
                        "--prompt-len", "6", "-k", "2", "--fused-prefill"]) == 0
     report = json.loads((tmp_path / "batch_curve.json").read_text())

@@ -2,7 +2,8 @@
 cache and outputs as its own one-slot prefill does, touch no other slot, split at the token budget; the batched loop
 admits every free slot in one group and reports its decode phase apart from its admissions. One prompt's prefill
 through a graph per padded width (engine/prefill_graphs.py, the CPU stand-in of a CUDA graph) leaves the slot as the
-eager prefill does, captures once per bucket, falls back to eager when the bucket exceeds the cache."""
+eager prefill does, captures once per bucket, falls back to eager when the bucket exceeds the cache. A fused group
+prefill (fused_prefill) compiles before the clock, once, and leaves the slots as the eager one."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import torch
 from _prompts import random_prompt
 from specbench.compile_watch import compiled_graphs
 from specbench.engine.batched_decode import BatchedDecoder
+from specbench.engine import batched_prefill
 from specbench.engine.batched_prefill import split_group
 from specbench.engine.batched_target import BatchedStaticTarget
 from specbench.engine.decode import GenerationConfig
@@ -56,24 +58,45 @@ def test_a_group_prefill_leaves_each_slot_as_its_own_prefill_does(static, budget
     assert torch.equal(group._cache.kv[:, :, 1], marker) and group.cache_length(1) == 0
 
 
-def test_a_fused_group_prefill_compiles_before_the_clock_and_leaves_the_slots_as_the_eager_one(static):
-    """fused_prefill: the stages compiled in caches of their own at two warm-up widths (prepare_prefills); a third
-    width compiles nothing, and each slot holds what the eager group prefill leaves (fp32: equal to rounding)."""
+def test_a_fused_group_prefill_compiles_before_the_clock_and_leaves_the_slots_as_the_eager_one(static, monkeypatch):
+    """fused_prefill: the stages compiled in caches of their own at two warm-up sizes (prepare_prefills, once); an
+    admission of another size compiles nothing, and each slot holds what the eager group prefill leaves (fp32:
+    equal to rounding)."""
+    torch._dynamo.reset()  # the compiled stages are process-wide: start from none, whatever ran before
     fused = BatchedStaticTarget.from_static_target(static, 4, fused_prefill=True)
     fused.reserve(32)
     eager = batched(static)
     fused.prepare_prefills([p.numel() for p in PROMPTS])
-    assert fused.cache_length(0) == fused.cache_length(1) == 0  # the warm-up's slots are emptied
+    assert [fused.cache_length(slot) for slot in range(4)] == [0, 0, 0, 0]  # the warm-up's slots are emptied
+    forwards = []
+    monkeypatch.setattr(batched_prefill, "prefill_group", lambda *a, **k: forwards.append(a))
+    fused.prepare_prefills([p.numel() for p in PROMPTS])
+    assert forwards == []  # prepared once: a second run's preparation runs no forward
+    monkeypatch.undo()
     before = compiled_graphs()
-    got = fused.prefill_many([3, 0, 2], PROMPTS)  # 3 x 17 padded tokens: not a warm-up width
-    assert compiled_graphs() == before, "an admission compiled: the warm-up left the token count static"
-    want = eager.prefill_many([3, 0, 2], PROMPTS)
-    for slot, prompt, g, w in zip([3, 0, 2], PROMPTS, got, want):
-        n = prompt.numel()
-        torch.testing.assert_close(g.logits, w.logits, rtol=1e-5, atol=1e-5)
-        torch.testing.assert_close(g.hidden_states, w.hidden_states, rtol=1e-5, atol=1e-5)
-        torch.testing.assert_close(fused._cache.kv[:, :, slot, :, :n], eager._cache.kv[:, :, slot, :, :n], rtol=1e-5, atol=1e-5)
-        assert fused.cache_length(slot) == n
+    # 3 x 17 padded tokens (the second warm-up's size, tuned there), then 2 x 9 (a size no warm-up had)
+    for slots, prompts in (([3, 0, 2], PROMPTS), ([1, 2], PROMPTS[:2])):
+        for target in (fused, eager):
+            for slot in slots:
+                target.release(slot)
+        got, want = fused.prefill_many(slots, prompts), eager.prefill_many(slots, prompts)
+        assert compiled_graphs() == before, "an admission compiled: the warm-up left the token count static"
+        for slot, prompt, g, w in zip(slots, prompts, got, want):
+            n = prompt.numel()
+            torch.testing.assert_close(g.logits, w.logits, rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(g.hidden_states, w.hidden_states, rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(fused._cache.kv[:, :, slot, :, :n], eager._cache.kv[:, :, slot, :, :n],
+                                       rtol=1e-5, atol=1e-5)
+            assert fused.cache_length(slot) == n
+
+
+def test_preparing_a_fused_prefill_refuses_slots_in_use(static):
+    fused = BatchedStaticTarget.from_static_target(static, 4, fused_prefill=True)
+    fused.reserve(32)
+    fused.prefill(1, PROMPTS[1])
+    with pytest.raises(ValueError, match=r"writes slots 0..2, but slots \[1\] hold requests; prepare before a run"):
+        fused.prepare_prefills([p.numel() for p in PROMPTS])
+    assert fused.cache_length(1) == PROMPTS[1].numel()
 
 
 def test_a_forward_without_a_mask_refuses_a_single_sequence_cache(static):

@@ -19,7 +19,6 @@ from specbench.engine.static_ops import EAGER_OPS, StepOps
 from specbench.engine.target import TargetOutput
 from specbench.engine.transfers import host_to_device
 
-PREPARE_WIDTHS = (8, 16)  # a fused prefill's two warm-up widths: its first compile, then the symbolic one
 DEFAULT_TOKEN_BUDGET = 8192  # padded prompt tokens per prefill forward: a 7B's gate/up product is then 0.36 GB in bf16
 
 
@@ -74,14 +73,24 @@ def prefill_group(module, cache: BatchedKVCache, slots: list[int], prompts: list
     return outputs
 
 
-def prepare_fused(module, cache: BatchedKVCache, ops: StepOps, aux_layers: tuple[int, ...] = ()) -> None:
-    """Compile a fused group prefill's stages before anything is timed: a group of two prompts at each of
-    ``PREPARE_WIDTHS`` into slots 0 and 1, which are emptied after (called before a run, with every slot idle).
-    A no-op for eager stages, or with fewer than two slots (every admission is then a single prompt's)."""
+def prepare_fused(module, cache: BatchedKVCache, ops: StepOps, lengths, token_budget: int,
+                  aux_layers: tuple[int, ...] = ()) -> bool:
+    """Compile a fused group prefill's stages before anything is timed, with two groups of zero prompts: two short
+    ones (each stage's first compile), then the largest group prompts of these ``lengths`` make (the recompile with
+    the token count symbolic, tuned at a real admission's size). They go into slots 0, 1, ..., which are emptied
+    after. Returns whether it ran: not for eager stages, nor with fewer than two slots (every admission is then a
+    single prompt's). Slots in use are refused: prepare before a run, with every slot idle."""
     if not ops.compiled or cache.batch_size < 2:
-        return
-    for width in PREPARE_WIDTHS:
-        prompt = torch.zeros(min(width, cache.capacity), dtype=torch.long, device=cache.kv.device)  # (T,)
-        prefill_group(module, cache, [0, 1], [prompt, prompt], aux_layers, ops)
-    for slot in (0, 1):
+        return False
+    longest = min(max(lengths), cache.capacity)
+    count = max(2, min(cache.batch_size, len(lengths), token_budget // longest))
+    used = [slot for slot in range(count) if cache.host_lengths[slot]]
+    if used:
+        raise ValueError(f"preparing the fused group prefill writes slots 0..{count - 1}, but slots {used} hold "
+                         "requests; prepare before a run, with every slot idle")
+    for n, width in ((2, max(1, min(8, longest // 2))), (count, longest)):  # one-token prompts: one shape only
+        prompt = torch.zeros(width, dtype=torch.long, device=cache.kv.device)  # (T,)
+        prefill_group(module, cache, list(range(n)), [prompt] * n, aux_layers, ops)
+    for slot in range(count):
         cache.reset_slot(slot)
+    return True

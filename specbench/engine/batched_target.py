@@ -62,6 +62,7 @@ class BatchedStaticTarget:
         # a group prefill's stages: eager, or fused in compile caches of their own (engine/batched_prefill.py)
         self.fused_prefill = fused_prefill
         self._prefill_ops = compiled_prefill_ops() if fused_prefill else EAGER_OPS
+        self._fused_prepared = False  # compiled once: later runs' admissions reuse the symbolic stages
         # one prompt's prefill replayed per padded width on CUDA (engine/prefill_graphs.py); its own graphs and pool
         self.prefill_graphs = CapturedPrefill(module, StepGraphs.for_device(self.device, self.cuda_graphs and prefill_graphs))
 
@@ -132,11 +133,13 @@ class BatchedStaticTarget:
 
     def prepare_prefills(self, lengths) -> None:
         """Capture the one-prompt prefill graphs prompts of these ``lengths`` will replay (CUDA graphs on) and compile
-        a fused group prefill, before anything is timed; a no-op without graphs or fused stages, or once done."""
+        a fused group prefill (the first time), before anything is timed; a no-op without either, or once done."""
         if self._cache is None:
             raise ValueError("prepare_prefills before reserve(): size the batched cache first")
         self.prefill_graphs.prepare(lengths, self._cache.slot_view(0), self.aux_layers)
-        prepare_fused(self.module, self._cache, self._prefill_ops, self.aux_layers)
+        if not self._fused_prepared:
+            self._fused_prepared = prepare_fused(self.module, self._cache, self._prefill_ops, lengths,
+                                                 self.prefill_token_budget, self.aux_layers)
 
     def release(self, slot: int) -> None:
         """Free a finished slot: its length returns to 0, so its idle padding stays inside the cache."""

@@ -6,7 +6,8 @@ graph each small kernel still costs a launch slot and a pass over memory, and on
 to as much GPU time as a third of the weight reads. :class:`StepOps` names those stages as functions of
 their inputs only (no module state, no cache writes), so ``torch.compile`` can turn each into one kernel
 without touching the matmuls, the attention or the KV cache; :data:`EAGER_OPS` runs the same bodies
-uncompiled, which is what the CPU and every prefill use.
+uncompiled, which is what the CPU and every prefill use (a batched group prefill built with ``fused_prefill``
+compiles them apart: :func:`compiled_prefill_ops`).
 """
 
 from __future__ import annotations
@@ -115,12 +116,12 @@ def compiled_prefill_ops() -> StepOps:
 
     Each stage is compiled from a copy of its code object, so it has a dynamo cache of its own: a prefill's
     widths never recompile the steps' compiled stages (which a shared cache would do, with a symbolic width).
-    Shapes are automatic dynamic: the first group width compiles each stage, the second recompiles it with the
-    token count symbolic, and every later width reuses that (``batched_prefill.prepare_fused`` runs both before
-    anything is timed; docs/batching.md#admission)."""
+    Shapes are automatic dynamic: the first group size compiles each stage, the second recompiles it with the
+    token count symbolic, and every later size reuses that (``batched_prefill.prepare_fused`` runs both before
+    anything is timed, the second at a real admission's size; docs/batching.md#admission)."""
 
     def own(fn: Callable) -> Callable:
-        code = fn.__code__.replace(co_name=f"prefill_{fn.__name__}")
+        code = fn.__code__.replace(co_name=f"prefill_{fn.__name__}", co_qualname=f"prefill_{fn.__qualname__}")
         return torch.compile(types.FunctionType(code, fn.__globals__, code.co_name, fn.__defaults__, fn.__closure__),
                              fullgraph=True, dynamic=None)
 
