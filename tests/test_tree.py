@@ -167,3 +167,15 @@ def test_tree_drafts_carry_their_shape_from_the_host():
     chain_tree = TreeBuffers.from_paths([[0], [0, 0]])
     assert chain_tree.is_chain and chain_tree.draft(torch.zeros(2, 1, dtype=torch.long)).is_chain
     assert Draft.chain(torch.tensor([5, 6, 7])).precomputed_depth == 3
+
+
+def test_chains_of_one_length_share_their_shape_tensors():
+    """A chain's parents and depths depend on its length only: every chain of that length hands over the same
+    tensors (as a static tree does), so StaticTarget, which remembers the depths it last wrote, writes them once."""
+    first, second = Draft.chain(torch.tensor([5, 6, 7])), Draft.chain(torch.tensor([1, 2, 3]))
+    assert first.depths() is second.depths() and first.parents is second.parents
+    assert first.depths().tolist() == [0, 1, 2, 3] and first.parents.tolist() == [0, 1, 2]
+    assert Draft.chain(torch.tensor([1, 2])).depths().tolist() == [0, 1, 2]  # another length, its own
+    with torch.inference_mode():
+        inside = Draft.chain(torch.tensor([4, 4, 4, 4, 4, 4, 4]))
+    assert not inside.depths().is_inference()  # built under inference mode, still usable outside it

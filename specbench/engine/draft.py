@@ -14,6 +14,7 @@ skips the validation of ``parents`` (a host read) (docs/eagle.md#host-reads-per-
 from __future__ import annotations
 
 import copy
+import functools
 from dataclasses import dataclass, field
 
 import torch
@@ -55,9 +56,9 @@ class Draft:
 
     @classmethod
     def chain(cls, tokens: torch.Tensor, draft_probs: torch.Tensor | None = None) -> "Draft":
-        """A linear draft: each token continues the previous one."""
-        parents = torch.arange(tokens.numel(), dtype=torch.long, device=tokens.device)  # (K,)
-        depths = torch.arange(tokens.numel() + 1, dtype=torch.long, device=tokens.device)  # (K + 1,) a node's index
+        """A linear draft: each token continues the previous one. Its parents and depths are the shared tensors of
+        every chain of its length (:func:`chain_shape`)."""
+        parents, depths = chain_shape(tokens.numel(), tokens.device)  # (K,), (K + 1,)
         return cls(tokens=tokens.long(), parents=parents, draft_probs=draft_probs, precomputed_depths=depths,
                    precomputed_is_chain=True, precomputed_depth=tokens.numel())
 
@@ -94,6 +95,16 @@ class Draft:
         if self.precomputed_tree_mask is None:
             self.precomputed_tree_mask = ancestor_mask(self.parents, len(self))  # no node is deeper than N
         return self.precomputed_tree_mask
+
+
+@functools.lru_cache(maxsize=64)
+def chain_shape(length: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Parents ``(K,)`` = 0..K-1 and depths ``(K + 1,)`` = 0..K of a chain of ``length`` = K draft tokens: built once per
+    length and device and shared, read-only, by every chain, as a static tree shares its buffers. A target that
+    remembers the depths tensor it last wrote (StaticTarget) then writes a chain's depths once, not every step."""
+    with torch.inference_mode(False):  # ordinary tensors, usable outside inference mode too
+        return (torch.arange(length, dtype=torch.long, device=device),
+                torch.arange(length + 1, dtype=torch.long, device=device))
 
 
 def ancestor_mask(parents: torch.Tensor, max_depth: int) -> torch.Tensor:

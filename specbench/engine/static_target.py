@@ -40,7 +40,6 @@ class _StepBuffers:
     # tensors every step, so rewriting them would be launches for nothing on the hot path
     depths_source: torch.Tensor | None = None
     tree_source: torch.Tensor | None = None
-    chain_nodes: int = 0  # the chain width whose depths (0..n-1) the buffer holds (plain and chain kinds)
 
     @classmethod
     def allocate(cls, width: int, device) -> "_StepBuffers":
@@ -266,11 +265,7 @@ class StaticTarget:
         buffers = self._buffers[kind]
         buffers.ids[n:].zero_()
         buffers.ids[:n].copy_(input_ids.flatten())
-        if kind != "tree":  # a chain's depths are its node indices 0..n-1, whoever drafted it: written once per n
-            if buffers.chain_nodes != n:
-                buffers.depths.zero_()[:n] = torch.arange(n, device=self.device)
-                buffers.chain_nodes = n
-        elif depths is not buffers.depths_source:
+        if depths is not buffers.depths_source:  # a chain's are shared by every chain of its length (Draft.chain)
             buffers.depths[n:].zero_()
             buffers.depths[:n].copy_(tensor_to_device(depths.flatten(), self.device))  # a host-held draft's: no sync
             buffers.depths_source = depths
