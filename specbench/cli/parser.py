@@ -6,6 +6,8 @@ import argparse
 
 from specbench.cases import DTYPE_NAMES, ENGINE_NAMES, builtin_suites
 from specbench.cli.arguments import argument_type, list_argument_type, parse_device
+from specbench.cli.bisect_command import BISECT_DESCRIPTION, cmd_bisect
+from specbench.cli.compare_command import COMPARE_DESCRIPTION, add_ab_arguments, cmd_compare
 from specbench.cli.baselines_command import cmd_baselines_migrate, cmd_baselines_regenerate, cmd_baselines_show
 from specbench.cli.env_command import cmd_env
 from specbench.cli.run_command import DEFAULT_SUITE, REFERENCE_MEDUSA, REFERENCE_TARGET, REFERENCE_TREE, cmd_run
@@ -230,6 +232,43 @@ def _add_baselines_command(sub) -> None:
     migrate.set_defaults(func=cmd_baselines_migrate)
 
 
+def _add_compare_commands(sub) -> None:
+    compare = sub.add_parser(
+        "compare", help="A/B: did my change slow it down? the head against a base commit, on this machine",
+        description=COMPARE_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    compare.add_argument("base", metavar="BASE", help="the base commit (branch, tag or hash)")
+    compare.add_argument("cases", nargs="+", metavar="CASE", help="SUITE/CASE or SUITE, as `specbench run` takes them")
+    compare.add_argument("--head", metavar="REV", help="the head commit (default: the working tree as it is now, "
+                         "uncommitted changes to tracked files included)")
+    add_ab_arguments(compare)
+    _add_setting_arguments(compare, title="run settings (overrides of the cases, on both sides alike)")
+    compare.add_argument("--output", metavar="FILE", help="write the comparison as JSON here, atomically: both "
+                         "commits, each case's checks and every round's metrics")
+    history = compare.add_mutually_exclusive_group()
+    history.add_argument("--history", metavar="DIR", help="the results history the head's runs and their A/B "
+                         "verdicts are appended to (default: $SPECBENCH_HISTORY_DIR or <repo>/.specbench/history)")
+    history.add_argument("--no-history", action="store_true", help="record nothing in a results history")
+    compare.add_argument("-v", "--verbose", action="store_true", help="every check of every case")
+    compare.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
+    compare.set_defaults(func=cmd_compare)
+
+    bisect = sub.add_parser(
+        "bisect", help="find the commit that slowed a case down: git bisect judged by A/B runs",
+        description=BISECT_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    bisect.add_argument("good", metavar="GOOD", help="a commit whose speed is right")
+    bisect.add_argument("bad", metavar="BAD", help="a later commit that is slower")
+    bisect.add_argument("case", metavar="CASE", help="the SUITE/CASE to measure")
+    bisect.add_argument("--metric", default="tokens_per_s", metavar="NAME",
+                        help="the speed metric whose A/B regression marks a commit bad (default tokens_per_s; "
+                             "step_latency_s is T(1))")
+    add_ab_arguments(bisect)
+    _add_setting_arguments(bisect, title="run settings (overrides of the case, on every commit alike)")
+    bisect.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
+    bisect.set_defaults(func=cmd_bisect)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineErrorParser(
         prog="specbench",
@@ -241,6 +280,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     _add_run_command(sub)
     _add_sweep_command(sub)
+    _add_compare_commands(sub)
     _add_baselines_command(sub)
 
     env = sub.add_parser("env", help="print the environment fingerprint stored with every result")
