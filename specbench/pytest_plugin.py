@@ -8,7 +8,9 @@ Markers
     ``multi_gpu(n)``         skip unless at least n CUDA devices are visible.
 Options
     ``--specbench-update-baselines``  store each gated result as its case's baseline (refused when the
-                                      run fails its correctness check) instead of gating it
+                                      run fails its correctness check) instead of gating it; needs
+    ``--specbench-reason TEXT``       why the baselines change, recorded in their provenance (a usage error
+                                      when missing, or given without --specbench-update-baselines)
     ``--specbench-results PATH``      append every case result as one JSON line (safe under xdist)
     ``--specbench-history DIR``       the results history that every result and its gate outcome are appended
                                       to (default ``$SPECBENCH_HISTORY_DIR`` or .specbench/history at the repo
@@ -59,7 +61,10 @@ _WORKER_OUTPUT = "specbench"  # the key of config.workeroutput that carries a wo
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("specbench", "speculative-decoding regression gates")
     group.addoption("--specbench-update-baselines", action="store_true", default=False,
-                    help="store each case result as its baseline instead of gating it")
+                    help="store each case result as its baseline instead of gating it (needs --specbench-reason)")
+    group.addoption("--specbench-reason", metavar="TEXT", default=None,
+                    help="with --specbench-update-baselines, required: why the baselines change, recorded in "
+                         "their provenance")
     group.addoption("--specbench-results", metavar="PATH", default=None,
                     help="append every case result to PATH as JSON lines")
     group.addoption("--specbench-history", metavar="DIR", default=None,
@@ -80,12 +85,31 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "multi_gpu(n): needs at least n CUDA devices")
     if config.getoption("--specbench-no-history") and config.getoption("--specbench-history"):
         raise pytest.UsageError("give --specbench-history DIR or --specbench-no-history, not both")
+    _check_reason(config)
     config.stash[RESULTS_KEY] = []
     config.stash[HISTORY_USED_KEY] = set()
     config.stash[STARTED_KEY] = time.perf_counter()
     config.stash[sharding.WORKERS_KEY] = []
     if hasattr(config, "workerinput"):  # a worker of this session, not a process that inherited xdist's variables
         sharding.assign_worker_gpus(config)
+
+
+def _check_reason(config: pytest.Config) -> None:
+    """Storing baselines is deliberate: --specbench-update-baselines needs --specbench-reason, which alone is an
+    error (it would be silently ignored)."""
+    reason = config.getoption("--specbench-reason")
+    if not config.getoption("--specbench-update-baselines"):
+        if reason is not None:
+            raise pytest.UsageError("--specbench-reason is recorded only when baselines are stored: add "
+                                    "--specbench-update-baselines, or drop --specbench-reason")
+        return
+    from specbench.gating.baselines import BaselineError
+    from specbench.gating.regenerate import require_reason
+
+    try:
+        require_reason(reason, flag="--specbench-reason")
+    except BaselineError as err:
+        raise pytest.UsageError(str(err)) from None
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -211,7 +235,8 @@ class _Gatekeeper:
             try:
                 # the correctness verdict (fp32 exact, bf16/fp16 match fraction over the resolved minimum) is
                 # gates.check_correctness's, applied inside update_baseline, as compare applies it when gating
-                diff = update_baseline(result, baselines_dir, command=command)
+                diff = update_baseline(result, baselines_dir, command=command,
+                                       reason=config.getoption("--specbench-reason"))
             except BaselineRefused as err:
                 row.update(status="REFUSED", detail=str(err))
                 config.stash[RESULTS_KEY].append(row)

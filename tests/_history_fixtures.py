@@ -128,7 +128,7 @@ def build_history(history_dir, baselines_dir=None, seed: int = 0) -> list[dict]:
                 acceptance, spec, plain = LEVELS[case_id][hw]
                 base = synthetic_result(case_id, hw, commit(0), START, acceptance=acceptance, tokens_per_s=spec,
                                         plain_tokens_per_s=plain, ttft=TTFT_S[hw])
-                update_baseline(base, baselines_dir, command="tests/_history_fixtures.py")
+                update_baseline(base, baselines_dir, command="tests/_history_fixtures.py", reason="test")
     return results
 
 

@@ -30,7 +30,7 @@ from specbench.gating.regenerate import update_baseline  # noqa: E402
 def regenerate(store_dir: str, results: list[dict], rounds) -> None:
     for _ in rounds:
         for result in results:
-            update_baseline(result, store_dir, command="tests/_kill_writer.py")
+            update_baseline(result, store_dir, command="tests/_kill_writer.py", reason="test")
 
 
 def rewrite(path: Path, texts: list[str]) -> None:

@@ -44,7 +44,7 @@ def as_schema_1(data: dict) -> dict:
 @pytest.fixture()
 def old_store(tmp_path):
     new_dir, old_dir = tmp_path / "new", tmp_path / "old"
-    update_baseline(make_result(seed=0, hardware_class="NVIDIA H200"), new_dir, command="pytest")
+    update_baseline(make_result(seed=0, hardware_class="NVIDIA H200"), new_dir, command="pytest", reason="test")
     old_dir.mkdir()
     data = json.loads((new_dir / "medusa.json").read_text())
     (old_dir / "medusa.json").write_text(json.dumps(as_schema_1(data)))
@@ -80,7 +80,8 @@ def test_migrate_rewrites_old_files_once(old_store, capsys):
 
 def test_a_schema_2_file_gets_t1_from_its_repeats_and_the_same_verdicts(tmp_path):
     new_dir, old_dir = tmp_path / "new", tmp_path / "old"
-    update_baseline(make_result(seed=0, hardware_class="NVIDIA H200", num_repeats=3), new_dir, command="pytest")
+    update_baseline(make_result(seed=0, hardware_class="NVIDIA H200", num_repeats=3), new_dir, command="pytest",
+                    reason="test")
     old_dir.mkdir()
     data = json.loads((new_dir / "medusa.json").read_text())
     (old_dir / "medusa.json").write_text(json.dumps(as_schema_2(data)))

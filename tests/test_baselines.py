@@ -32,7 +32,7 @@ def _stored(store_dir: Path) -> dict:
 def test_file_is_pretty_sorted_rounded_and_byte_stable(tmp_path):
     result = make_result(seed=0)
     result["metrics"]["time_to_first_token_s"] = float("nan")
-    update_baseline(result, tmp_path, command="specbench run medusa")
+    update_baseline(result, tmp_path, command="specbench run medusa", reason="test")
     text = (tmp_path / "medusa.json").read_text()
     assert text == format_baseline_file(json.loads(text))  # indent 2, sorted keys: the canonical form
     assert text.startswith('{\n  "cases": {')
@@ -44,15 +44,15 @@ def test_file_is_pretty_sorted_rounded_and_byte_stable(tmp_path):
     provenance = entry["quality"]["provenance"]
     assert provenance["git_commit"] == "0123abc" and provenance["command"] == "specbench run medusa"
     assert provenance["date"] == result["created_at"] and provenance["env"]["hardware_class"] == "cpu"
-    update_baseline(result, tmp_path, command="specbench run medusa")
+    update_baseline(result, tmp_path, command="specbench run medusa", reason="test")
     assert (tmp_path / "medusa.json").read_text() == text  # same run, same bytes: no diff noise in review
 
 
 def test_other_hardware_classes_and_unchanged_quality_are_kept(tmp_path):
-    update_baseline(make_result(seed=0), tmp_path, command="first")
+    update_baseline(make_result(seed=0), tmp_path, command="first", reason="test")
     cpu_speed = _stored(tmp_path)["cases"][CASE]["speed"]["cpu"]
     gpu = make_result(seed=0, hardware_class="NVIDIA H200", speed_scale=5.0)  # same quality draws, faster
-    diff = update_baseline(gpu, tmp_path, command="second")
+    diff = update_baseline(gpu, tmp_path, command="second", reason="test")
     entry = _stored(tmp_path)["cases"][CASE]
     assert entry["speed"]["cpu"] == cpu_speed
     assert entry["speed"]["NVIDIA H200"]["provenance"]["command"] == "second"
@@ -61,7 +61,7 @@ def test_other_hardware_classes_and_unchanged_quality_are_kept(tmp_path):
     assert not [line for line in diff.changed if line.section == "quality"]
 
     changed = make_result(seed=1)
-    diff = update_baseline(changed, tmp_path, command="third")
+    diff = update_baseline(changed, tmp_path, command="third", reason="test")
     entry = _stored(tmp_path)["cases"][CASE]
     assert entry["quality"]["provenance"]["command"] == "third"
     assert set(entry["speed"]) == {"cpu", "NVIDIA H200"}
@@ -73,24 +73,24 @@ def test_other_hardware_classes_and_unchanged_quality_are_kept(tmp_path):
 
 
 def test_refuses_to_store_an_fp32_run_that_diverged(tmp_path):
-    update_baseline(make_result(seed=0), tmp_path, command="good")
+    update_baseline(make_result(seed=0), tmp_path, command="good", reason="test")
     before = (tmp_path / "medusa.json").read_bytes()
     diverged = with_divergence(make_result(seed=1), request_index=2, position=9, match_fraction=0.97)
     with pytest.raises(BaselineRefused, match=r"refusing .* request 'gsm8k-2' \(#2\) first diverges at output position 9"):
-        update_baseline(diverged, tmp_path, command="bad")
+        update_baseline(diverged, tmp_path, command="bad", reason="test")
     assert (tmp_path / "medusa.json").read_bytes() == before
 
 
 def test_refuses_bf16_under_the_stored_minimum_and_keeps_tolerances(tmp_path):
     bf16 = with_divergence(make_result(seed=0, dtype="bfloat16"), request_index=0, position=30, match_fraction=0.9)
-    update_baseline(bf16, tmp_path, command="bf16")  # 0.9 clears the default minimum 0.5
+    update_baseline(bf16, tmp_path, command="bf16", reason="test")  # 0.9 clears the default minimum 0.5
     data = _stored(tmp_path)
     data["cases"][CASE]["tolerances"] = {"min_match_fraction": 0.95, "acceptance_rate": 0.1}  # a reviewer's edit
     (tmp_path / "medusa.json").write_text(format_baseline_file(data))
     with pytest.raises(BaselineRefused, match="match fraction 0.900 is under the minimum 0.950"):
-        update_baseline(bf16, tmp_path, command="bf16 again")
+        update_baseline(bf16, tmp_path, command="bf16 again", reason="test")
     exact = make_result(seed=0, dtype="bfloat16")
-    update_baseline(exact, tmp_path, command="exact")
+    update_baseline(exact, tmp_path, command="exact", reason="test")
     assert _stored(tmp_path)["cases"][CASE]["tolerances"] == {"min_match_fraction": 0.95, "acceptance_rate": 0.1}
     assert compare(exact, tmp_path).check("acceptance_rate").tolerance == 0.1
 
@@ -108,7 +108,7 @@ def test_invalid_json_names_the_file_and_how_to_regenerate(tmp_path):
                                       ("cases", CASE, "speed", "cpu", "requests"),
                                       ("schema",)])
 def test_missing_key_names_the_file_and_the_key(tmp_path, key_path):
-    update_baseline(make_result(seed=0), tmp_path, command="x")
+    update_baseline(make_result(seed=0), tmp_path, command="x", reason="test")
     data = _stored(tmp_path)
     parent = data
     for key in key_path[:-1]:
@@ -120,7 +120,7 @@ def test_missing_key_names_the_file_and_the_key(tmp_path, key_path):
 
 
 def test_non_numeric_metric_in_the_file_is_an_error(tmp_path):
-    update_baseline(make_result(seed=0), tmp_path, command="x")
+    update_baseline(make_result(seed=0), tmp_path, command="x", reason="test")
     data = _stored(tmp_path)
     data["cases"][CASE]["quality"]["metrics"]["per_position_acceptance_rate"][1] = "0.5"
     (tmp_path / "medusa.json").write_text(format_baseline_file(data))
@@ -130,7 +130,7 @@ def test_non_numeric_metric_in_the_file_is_an_error(tmp_path):
 
 
 def test_misspelt_tolerance_in_the_file_is_an_error(tmp_path):
-    update_baseline(make_result(seed=0), tmp_path, command="x")
+    update_baseline(make_result(seed=0), tmp_path, command="x", reason="test")
     data = _stored(tmp_path)
     data["cases"][CASE]["tolerances"] = {"acceptence_rate": 0.1}
     (tmp_path / "medusa.json").write_text(format_baseline_file(data))
@@ -139,8 +139,8 @@ def test_misspelt_tolerance_in_the_file_is_an_error(tmp_path):
 
 
 def test_changed_case_definition_is_detected(tmp_path):
-    update_baseline(make_result(seed=0), tmp_path, command="cpu")
-    update_baseline(make_result(seed=0, hardware_class="NVIDIA H200"), tmp_path, command="gpu")
+    update_baseline(make_result(seed=0), tmp_path, command="cpu", reason="test")
+    update_baseline(make_result(seed=0, hardware_class="NVIDIA H200"), tmp_path, command="gpu", reason="test")
     edited = make_result(seed=0, max_new_tokens=128)
     with pytest.raises(CaseDefinitionChanged, match=r"max_new_tokens: baseline 64, now 128.*regenerate"):
         compare(edited, tmp_path)
@@ -149,7 +149,7 @@ def test_changed_case_definition_is_detected(tmp_path):
                                       min_gpu_gib=24)  # how a run is judged or scheduled, not what it measures
     assert compare(judged_differently, tmp_path).passed
 
-    diff = update_baseline(edited, tmp_path, command="regenerated")
+    diff = update_baseline(edited, tmp_path, command="regenerated", reason="test")
     entry = _stored(tmp_path)["cases"][CASE]
     assert entry["case"]["max_new_tokens"] == 128 and set(entry["speed"]) == {"cpu"}
     assert any("case definition changed (max_new_tokens" in n for n in diff.notes)
@@ -166,7 +166,7 @@ def test_default_directory_and_suite_names(tmp_path, monkeypatch):
     monkeypatch.setenv(BASELINES_DIR_ENV, str(tmp_path / "elsewhere"))
     assert BaselineStore().directory == tmp_path / "elsewhere"
     with pytest.raises(BaselineError, match="file-name-safe suite"):
-        update_baseline(make_result(seed=0, suite="../escape"), tmp_path, command="x")
+        update_baseline(make_result(seed=0, suite="../escape"), tmp_path, command="x", reason="test")
 
 
 def _start_writer(store_dir: Path, job_path: Path, *mode: str, **popen) -> subprocess.Popen:
@@ -211,7 +211,7 @@ def test_sigkill_during_regeneration_leaves_the_old_or_the_new_file(tmp_path):
     def file_after(*results) -> str:
         directory = tmp_path / f"reference-{len(results)}"
         for result in results:
-            update_baseline(result, directory, command="tests/_kill_writer.py")
+            update_baseline(result, directory, command="tests/_kill_writer.py", reason="test")
         return (directory / "medusa.json").read_text()
 
     old_text, new_text = file_after(*fillers, old), file_after(*fillers, old, new)
@@ -255,7 +255,8 @@ def test_sigkill_during_regeneration_leaves_the_old_or_the_new_file(tmp_path):
         server.stdout.close()
         server.stderr.close()
     assert set(replaced_seen) == {True, False}  # writers did replace the file during the trials, both ways
-    update_baseline(old, store, command="tests/_kill_writer.py")  # the next writer clears killed writers' temp files
+    # the next writer clears killed writers' temp files
+    update_baseline(old, store, command="tests/_kill_writer.py", reason="test")
     assert [p.name for p in store.iterdir()] == ["medusa.json"]
 
 
@@ -284,7 +285,8 @@ def test_an_updater_waits_for_the_directory_lock_and_proceeds_after_release(tmp_
         with pytest.raises(LockTimeout):  # held by the other process: one attempt fails at once
             with locked(store, timeout=0):
                 pass
-        updater = threading.Thread(target=update_baseline, args=(make_result(seed=0), store), kwargs={"command": "t"})
+        updater = threading.Thread(target=update_baseline, args=(make_result(seed=0), store),
+                                   kwargs={"command": "t", "reason": "test"})
         updater.start()
         updater.join(timeout=0.5)  # a lock that did not exclude it would let it finish in well under 0.5 s
         assert updater.is_alive() and not (store / "medusa.json").exists(), "update_baseline ignored the lock"
@@ -304,7 +306,7 @@ def test_a_killed_holder_releases_the_directory_lock(tmp_path):
     holder.communicate(timeout=30)
     with locked(store, timeout=0):
         pass
-    update_baseline(make_result(seed=0), store, command="after the kill")
+    update_baseline(make_result(seed=0), store, command="after the kill", reason="test")
     assert [p.name for p in store.iterdir()] == ["medusa.json"]  # the lock file lives beside the directory
 
 

@@ -45,7 +45,7 @@ def batch_point(batch_size: int, *, seed: int = 0, speedup_scale: float = 1.0, t
 @pytest.fixture()
 def store(tmp_path):
     for size in (1, 2):
-        update_baseline(batch_point(size), tmp_path, command="pytest tests/test_batch_gates.py")
+        update_baseline(batch_point(size), tmp_path, command="pytest tests/test_batch_gates.py", reason="test")
     return tmp_path
 
 
@@ -79,7 +79,7 @@ def test_batch_speedup_is_a_same_run_ratio_gated_under_gate_speed_ratios(store):
 
 def test_an_unbatched_case_has_no_batch_checks(tmp_path):
     # a batch point's metrics say nothing about an unbatched run: no check, so no skip line in every report
-    update_baseline(make_result(seed=0), tmp_path, command="pytest")
+    update_baseline(make_result(seed=0), tmp_path, command="pytest", reason="test")
     report = compare(make_result(seed=1), tmp_path)
     assert report.passed
     names = {check.name for check in report.checks}
@@ -88,7 +88,7 @@ def test_an_unbatched_case_has_no_batch_checks(tmp_path):
 
 def test_a_batch_point_can_take_its_quality_from_the_unbatched_case(tmp_path):
     unbatched = make_result(seed=0, hardware_class=GPU, name=CURVE, num_repeats=3)
-    update_baseline(unbatched, tmp_path, command="pytest")
+    update_baseline(unbatched, tmp_path, command="pytest", reason="test")
     run = batch_point(2, seed=0)
     run["case"]["quality_baseline"] = CURVE
     report = compare(run, tmp_path)
@@ -112,7 +112,7 @@ def test_schema_3_to_4_adds_null_batch_metrics_and_keeps_every_verdict(tmp_path,
     from specbench.cli import main
 
     new_dir, old_dir = tmp_path / "new", tmp_path / "old"
-    update_baseline(make_result(seed=0, hardware_class=GPU), new_dir, command="pytest")
+    update_baseline(make_result(seed=0, hardware_class=GPU), new_dir, command="pytest", reason="test")
     old_dir.mkdir()
     data = json.loads((new_dir / "medusa.json").read_text())
     (old_dir / "medusa.json").write_text(json.dumps(as_schema_3(data)))
@@ -135,7 +135,8 @@ def test_a_real_batched_run_regenerates_and_passes_against_itself(tmp_path, caps
     suite = toml_case(tmp_path / "curve.toml", batch_sizes=[1, 2], gate_speed=False,
                       prompts={"name": "gsm8k-embedded", "num_prompts": 2}, max_new_tokens=6)
     baselines = tmp_path / "baselines"
-    assert main(["run", suite, "--update-baselines", "--baselines", str(baselines), "--no-history", "-q"]) == 0
+    assert main(["run", suite, "--update-baselines", "--reason", "test", "--baselines", str(baselines),
+                 "--no-history", "-q"]) == 0
     stored = BaselineStore(baselines).load("batch")["cases"]
     assert sorted(stored) == ["chain[batch_size=1]", "chain[batch_size=2]"]
     for name, entry in stored.items():
@@ -176,7 +177,7 @@ def dashboard(tmp_path):
 
     baselines = tmp_path / "baselines"
     for size in (1, 2):
-        update_baseline(batch_point(size), baselines, command="pytest")
+        update_baseline(batch_point(size), baselines, command="pytest", reason="test")
     runs = [batch_point(size, seed=1, speedup_scale=0.9) for size in (1, 2)] + [make_result(seed=1)]
     append_results(tmp_path / "history", runs)
     site = tmp_path / "site"

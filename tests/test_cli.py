@@ -84,12 +84,12 @@ def test_regenerate_from_recorded_results_stores_them_without_rerunning(tmp_path
     store = tmp_path / "baselines"
 
     assert main(["baselines", "regenerate", "medusa", "--from-results", str(results), "-k", "cuda",
-                 "--baselines", str(store)]) == 0
+                 "--baselines", str(store), "--reason", "H200 results of the GPU tier"]) == 0
     entry = BaselineStore(store).entry("medusa/chain-k3-cuda-fp32")
     assert list(entry["speed"]) == ["NVIDIA-H200"]  # the class the result recorded, not this machine's
     assert entry["quality"]["metrics"]["acceptance_rate"] == pytest.approx(gpu["metrics"]["acceptance_rate"], rel=1e-5)
     assert BaselineStore(store).case_ids() == ["medusa/chain-k3-cuda-fp32"]  # -k and the suite filtered the rest
 
     assert main(["baselines", "regenerate", "ngram", "--from-results", str(results), "-k", "cuda",
-                 "--baselines", str(store)]) == 2
+                 "--baselines", str(store), "--reason", "H200 results of the GPU tier"]) == 2
     assert "no results of suite ngram matching -k 'cuda' in" in capsys.readouterr().err

@@ -78,7 +78,8 @@ def test_overrides_apply_to_the_default_suite_too(fake_run):
 
 def test_an_overridden_case_is_never_gated_against_the_unmodified_baseline(fake_run, tmp_path, capsys):
     baselines = str(tmp_path / "baselines")
-    assert main(["run", "medusa/chain-k3", "--update-baselines", "--baselines", baselines, "--no-history"]) == 0
+    assert main(["run", "medusa/chain-k3", "--update-baselines", "--reason", "first baseline", "--baselines", baselines,
+                 "--no-history"]) == 0
     fake_run.accept_scale = 0.5  # acceptance halves: a regression against that baseline
     assert main(["run", "medusa/chain-k3", "--baselines", baselines, "--no-history"]) == 1
     assert "medusa/chain-k3: acceptance_rate regressed" in capsys.readouterr().out
@@ -86,6 +87,18 @@ def test_an_overridden_case_is_never_gated_against_the_unmodified_baseline(fake_
     out = capsys.readouterr().out
     assert "regressed" not in out
     assert "medusa/chain-k3[num_prompts=8]: PASSED (1 pass)" in out.splitlines()
+
+
+def test_update_baselines_records_its_reason(fake_run, tmp_path, capsys):
+    from specbench.gating.baselines import BaselineStore
+
+    baselines = tmp_path / "baselines"
+    reason = "the chain case's first baseline"
+    assert main(["run", "medusa/chain-k3", "--update-baselines", "--reason", reason, "--baselines", str(baselines),
+                 "--no-history"]) == 0
+    assert f"  reason: {reason}" in capsys.readouterr().out.splitlines()  # printed with the diff
+    entry = BaselineStore(baselines).entry("medusa/chain-k3")
+    assert entry["quality"]["provenance"]["reason"] == entry["speed"]["cpu"]["provenance"]["reason"] == reason
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -113,10 +126,19 @@ def test_an_overridden_case_is_never_gated_against_the_unmodified_baseline(fake_
      "drop --no-gate"),
     (["--no-gate", "--baselines", "b"],
      "specbench: error: --baselines has no effect with --no-gate (nothing is compared); drop one of them"),
-    (["medusa/chain-k3", "--max-new-tokens", "8", "--update-baselines"],
+    (["medusa/chain-k3", "--max-new-tokens", "8", "--update-baselines", "--reason", "r"],
      "specbench: error: --update-baselines stores the baselines of the stored cases, and --max-new-tokens changes "
      "them (it would store medusa/chain-k3[max_new_tokens=8]); drop the override, or edit the case in its suite "
-     "file and run `specbench baselines regenerate`"),
+     "file and run `specbench baselines regenerate --reason TEXT`"),
+    (["medusa/chain-k3", "--update-baselines"],
+     'specbench: error: storing baselines needs a reason: pass --reason "TEXT" saying why they change (e.g. '
+     '--reason "new verify kernel, measured faster"); it is recorded in each entry\'s provenance'),
+    (["medusa/chain-k3", "--update-baselines", "--reason", "  "],
+     'specbench: error: storing baselines needs a reason: pass --reason "TEXT" saying why they change (e.g. '
+     '--reason "new verify kernel, measured faster"); it is recorded in each entry\'s provenance'),
+    (["medusa/chain-k3", "--reason", "r"],
+     "specbench: error: --reason is recorded only when baselines are stored: add --update-baselines, or drop "
+     "--reason (a run without it gates against the stored baselines)"),
     (["--history", "h", "--no-history"],
      "specbench run: error: argument --no-history: not allowed with argument --history "
      "(see `specbench run --help`)"),
@@ -284,13 +306,13 @@ def test_help_explains_every_flag_and_shows_each_default_once(command, capsys):
 def test_baselines_show_an_unknown_suite_names_it_and_the_known_ones(tmp_path, capsys):
     from specbench.gating.regenerate import update_baseline
 
-    update_baseline(make_result(name="chain-k3"), tmp_path, command="test")
+    update_baseline(make_result(name="chain-k3"), tmp_path, command="test", reason="test")
     capsys.readouterr()
     assert main(["baselines", "show", "nosuite", "--baselines", str(tmp_path)]) == 2
     assert error_line(capsys) == (
         f"specbench: error: no baselines stored for suite 'nosuite' in {tmp_path} (suites with baselines there: "
         f"medusa; built-in suites: {', '.join(SHIPPED_SUITES)}); store them with "
-        "`specbench baselines regenerate nosuite`")
+        "`specbench baselines regenerate nosuite --reason TEXT`")
     assert main(["baselines", "show", "medusa", "--baselines", str(tmp_path)]) == 0
     assert capsys.readouterr().out.startswith("medusa/chain-k3: acceptance ")
 
@@ -308,7 +330,7 @@ def test_default_output_is_a_line_per_case_and_one_per_kind_of_skip(fake_run, tm
                     f"medusa/tree-63: PASSED (1 pass, 13 no_baseline) against {path}",
                     f"no baseline for 2 cases (26 metrics) in {path}; -v for details"]
 
-    assert main(["run", "--no-history", "--update-baselines", "--baselines", str(baselines)]) == 0
+    assert main(["run", "--no-history", "--update-baselines", "--reason", "test", "--baselines", str(baselines)]) == 0
     capsys.readouterr()
     assert main(["run", "--no-history", "--baselines", str(baselines)]) == 0
     out = capsys.readouterr().out.splitlines()

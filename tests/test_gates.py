@@ -26,7 +26,7 @@ def baseline():
 
 @pytest.fixture()
 def store(tmp_path, baseline):
-    update_baseline(baseline, tmp_path, command="pytest tests/test_gates.py")
+    update_baseline(baseline, tmp_path, command="pytest tests/test_gates.py", reason="test")
     return tmp_path
 
 

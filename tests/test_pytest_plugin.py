@@ -8,6 +8,8 @@ import re
 import pytest
 
 pytest_plugins = ["pytester"]
+# storing baselines needs a reason (recorded in their provenance)
+UPDATE = ("--specbench-update-baselines", "--specbench-reason", "test")
 
 
 @pytest.fixture(autouse=True)
@@ -154,7 +156,7 @@ def test_update_then_gate_pass_regression_and_improvement(pytester, tests_dir):
     args = ["--specbench-baselines", str(baselines), "-p", "no:cacheprovider"]
 
     gated(pytester, tests_dir)
-    result = pytester.runpytest(*args, "--specbench-update-baselines")
+    result = pytester.runpytest(*args, *UPDATE)
     result.assert_outcomes(passed=1)
     stored = json.loads((baselines / "medusa.json").read_text())
     assert "medusa-chain-k3" in stored["cases"]
@@ -177,7 +179,7 @@ def test_results_file_gets_one_line_per_case(pytester, tests_dir):
     baselines = pytester.path / "baselines"
     gated(pytester, tests_dir)
     results = pytester.path / "out" / "results.jsonl"
-    pytester.runpytest("--specbench-baselines", str(baselines), "--specbench-update-baselines").assert_outcomes(passed=1)
+    pytester.runpytest("--specbench-baselines", str(baselines), *UPDATE).assert_outcomes(passed=1)
     pytester.runpytest("--specbench-baselines", str(baselines), "--specbench-results", str(results)).assert_outcomes(passed=1)
     pytester.runpytest("--specbench-baselines", str(baselines), "--specbench-results", str(results)).assert_outcomes(passed=1)
     lines = results.read_text().splitlines()
@@ -189,7 +191,7 @@ def test_results_file_gets_one_line_per_case(pytester, tests_dir):
 def test_junitxml_carries_metrics(pytester, tests_dir):
     baselines = pytester.path / "baselines"
     gated(pytester, tests_dir)
-    pytester.runpytest("--specbench-baselines", str(baselines), "--specbench-update-baselines")
+    pytester.runpytest("--specbench-baselines", str(baselines), *UPDATE)
     xml = pytester.path / "junit.xml"
     pytester.runpytest("--specbench-baselines", str(baselines), f"--junitxml={xml}").assert_outcomes(passed=1)
     text = xml.read_text()
@@ -202,7 +204,7 @@ def test_history_option_records_results_and_gate_outcomes(pytester, tests_dir):
     baselines = pytester.path / "baselines"
     history = pytester.path / "history"
     gated(pytester, tests_dir)
-    pytester.runpytest("--specbench-baselines", str(baselines), "--specbench-update-baselines").assert_outcomes(passed=1)
+    pytester.runpytest("--specbench-baselines", str(baselines), *UPDATE).assert_outcomes(passed=1)
     pytester.runpytest("--specbench-baselines", str(baselines), "--specbench-history", str(history)).assert_outcomes(passed=1)
     frame = load_history(history)
     assert len(frame) == 1 and frame.iloc[0]["case_id"] == "medusa/medusa-chain-k3"
@@ -216,7 +218,7 @@ def test_results_go_to_the_default_history_unless_no_history(pytester, tests_dir
     monkeypatch.setenv("SPECBENCH_HISTORY_DIR", str(default))
     args = ["--specbench-baselines", str(pytester.path / "baselines"), "-p", "no:cacheprovider"]
     gated(pytester, tests_dir)
-    pytester.runpytest(*args, "--specbench-update-baselines").assert_outcomes(passed=1)  # stored, and recorded
+    pytester.runpytest(*args, *UPDATE).assert_outcomes(passed=1)  # stored, and recorded
     result = pytester.runpytest(*args)
     result.assert_outcomes(passed=1)
     result.stdout.fnmatch_lines([f"recorded in the results history {default} *"])
@@ -230,7 +232,7 @@ def test_results_go_to_the_default_history_unless_no_history(pytester, tests_dir
     result = pytester.runpytest(*args, "--specbench-no-history")
     result.assert_outcomes(passed=1)
     assert not elsewhere.exists() and "recorded in the results history" not in result.stdout.str()
-    pytester.runpytest(*args, "--specbench-no-history", "--specbench-update-baselines").assert_outcomes(passed=1)
+    pytester.runpytest(*args, "--specbench-no-history", *UPDATE).assert_outcomes(passed=1)
     assert not elsewhere.exists() and len(load_history(default)) == 2
 
     result = pytester.runpytest(*args, "--specbench-no-history", "--specbench-history", str(default))
@@ -272,7 +274,7 @@ def test_updates_and_gates_take_one_correctness_verdict(pytester, tests_dir):
     fp32 = ("fp32 speculative output differs from plain decoding: "
             "request 'gsm8k-2' (#2) first diverges at output position 9")
 
-    result = pytester.runpytest(*args, "--specbench-update-baselines")
+    result = pytester.runpytest(*args, *UPDATE)
     result.assert_outcomes(passed=1, failed=2)
     result.stdout.fnmatch_lines([f"*refusing to store a baseline for medusa/bf16-strict: {strict}*",
                                  f"*refusing to store a baseline for medusa/fp32-diverged: {fp32}*"])

@@ -27,7 +27,7 @@ WRITERS, RECORDS_PER_WRITER = 8, 50
 
 def test_record_round_trip_keeps_metrics_env_commit_and_gate(tmp_path):
     baselines = tmp_path / "baselines"
-    update_baseline(make_result(seed=0), baselines, command="test")
+    update_baseline(make_result(seed=0), baselines, command="test", reason="test")
     good, bad = make_result(seed=1), make_result(seed=2, accept_scale=0.6)
     bad["env"] = {**bad["env"], "hardware_class": GPU, "git_commit": "feedbeef"}
     reports = [compare(good, baselines), compare(bad, baselines)]
@@ -118,7 +118,7 @@ def test_missing_history_directory_is_a_clear_error(tmp_path):
 
 @pytest.fixture()
 def baselines(tmp_path):
-    update_baseline(make_result(seed=0), tmp_path / "baselines", command="test")
+    update_baseline(make_result(seed=0), tmp_path / "baselines", command="test", reason="test")
     return tmp_path / "baselines"
 
 

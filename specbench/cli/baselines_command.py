@@ -10,11 +10,14 @@ from specbench.cli.run_command import DEFAULT_SUITE, _fmt, _run_cases, _runnable
 
 
 def cmd_baselines_regenerate(args: argparse.Namespace) -> int:
+    from specbench.gating.regenerate import require_reason
+
+    reason = require_reason(args.reason)  # refused before anything runs or is read
     if args.from_results:
-        _store(_recorded_results(args), args.baselines)
+        _store(_recorded_results(args), args.baselines, reason)
         return 0
     cases = _runnable(_select(find_case(args.suite or DEFAULT_SUITE), args.k), verbose=True)
-    _store(_run_cases(cases, args.quiet), args.baselines)
+    _store(_run_cases(cases, args.quiet), args.baselines, reason)
     return 0
 
 
@@ -46,8 +49,16 @@ def _shown_case_ids(store, suite: str | None) -> list[str]:
         kind = "built-in suite" if suite in builtin_suites() else "suite"
         raise ValueError(f"no baselines stored for {kind} {suite!r} in {store.directory} (suites with baselines there: "
                          f"{', '.join(stored) or 'none'}; built-in suites: {', '.join(builtin_suites())}); store them "
-                         f"with `specbench baselines regenerate {suite}`")
+                         f"with `specbench baselines regenerate {suite} --reason TEXT`")
     return shown
+
+
+def _last_stored(entry: dict) -> str:
+    """When the entry's latest section (quality or a hardware class's speed) was stored, and why."""
+    provenances = [entry["quality"]["provenance"], *(speed["provenance"] for speed in entry["speed"].values())]
+    latest = max(provenances, key=lambda p: str(p.get("date") or ""))
+    reason = latest.get("reason")  # files stored before reasons were recorded lack it
+    return f"stored {latest.get('date')}: {reason!r}" if reason else f"stored {latest.get('date')}, no reason recorded"
 
 
 def cmd_baselines_show(args: argparse.Namespace) -> int:
@@ -59,7 +70,7 @@ def cmd_baselines_show(args: argparse.Namespace) -> int:
                          "<suite>.json files")
     shown = _shown_case_ids(store, args.suite)
     if not shown:
-        print(f"no baselines stored in {store.directory}; store them with `specbench baselines regenerate SUITE`",
+        print(f"no baselines stored in {store.directory}; store them with `specbench baselines regenerate SUITE --reason TEXT`",
               file=sys.stderr)
     for case_id in shown:
         entry = store.entry(case_id)
@@ -70,7 +81,8 @@ def cmd_baselines_show(args: argparse.Namespace) -> int:
         )
         print(
             f"{case_id}: acceptance {_fmt(quality['acceptance_rate'])}, MAL {_fmt(quality['mean_acceptance_length'], 2)}, "
-            f"per position {[round(x, 3) for x in quality['per_position_acceptance_rate']]}; {speed}"
+            f"per position {[round(x, 3) for x in quality['per_position_acceptance_rate']]}; {speed}; "
+            f"{_last_stored(entry)}"
         )
     return 0
 

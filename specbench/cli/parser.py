@@ -160,7 +160,10 @@ def _add_output_arguments(run: argparse.ArgumentParser) -> None:
     run.add_argument("--no-gate", action="store_true", help="report only: do not compare with the stored baselines "
                      "(the lossless check still decides the exit status)")
     run.add_argument("--update-baselines", action="store_true", help="store the results as the cases' baselines "
-                     "instead of gating them (refused when a lossless check fails, and for overridden cases)")
+                     "instead of gating them (needs --reason; refused when a lossless check fails, and for "
+                     "overridden cases)")
+    run.add_argument("--reason", metavar="TEXT", help="with --update-baselines, required: why the baselines change, "
+                     "recorded in their provenance")
     history = run.add_mutually_exclusive_group()
     history.add_argument("--history", metavar="DIR", help="the results history to append the runs and their gate "
                          "outcomes to (default: $SPECBENCH_HISTORY_DIR or <repo>/.specbench/history, where "
@@ -208,8 +211,12 @@ def _add_baselines_command(sub) -> None:
         help="re-run a suite's cases and store their results as baselines",
         description="Re-run the cases and store each result as its baseline, atomically, printing an old -> new "
         "diff per metric. Quality metrics are stored once; speed metrics under this machine's hardware class. "
-        "A run whose lossless check fails is refused.",
+        "A run whose lossless check fails is refused. Re-basing is deliberate: --reason is required and recorded "
+        "in each stored entry's provenance (runs gate against the committed baselines; none regenerates them).",
     )
+    regenerate.add_argument("--reason", metavar="TEXT", help="required: why the baselines change (e.g. \"new verify "
+                            "kernel, measured faster\"), recorded in each stored entry's provenance and printed "
+                            "with the diff")
     regenerate.add_argument("suite", nargs="?", help=f"suite name or .toml file (default: {DEFAULT_SUITE}; "
                             "with --from-results: only that suite's results, default all)")
     regenerate.add_argument("--from-results", nargs="+", metavar="FILE",

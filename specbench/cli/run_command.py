@@ -114,7 +114,7 @@ def _stored_cases(args: argparse.Namespace) -> tuple[list[Case], dict[str, dict]
         flag = _flag(next(iter(changes)))
         raise ValueError(f"--update-baselines stores the baselines of the stored cases, and {flag} "
                          f"changes them (it would store {case_id}); drop the override, or edit the case in its suite "
-                         "file and run `specbench baselines regenerate`")
+                         "file and run `specbench baselines regenerate --reason TEXT`")
     return cases, changed
 
 
@@ -128,6 +128,13 @@ def _cases_to_run(args: argparse.Namespace) -> tuple[list[Case], dict[str, dict]
     if args.no_gate and args.update_baselines:
         raise ValueError("--no-gate has no effect with --update-baselines (it stores the results, it gates "
                          "nothing); drop --no-gate")
+    if args.reason is not None and not args.update_baselines:
+        raise ValueError("--reason is recorded only when baselines are stored: add --update-baselines, or drop "
+                         "--reason (a run without it gates against the stored baselines)")
+    if args.update_baselines:
+        from specbench.gating.regenerate import require_reason
+
+        require_reason(args.reason)  # before any case runs
     if args.no_gate and args.baselines:
         raise ValueError("--baselines has no effect with --no-gate (nothing is compared); drop one of them")
     if explicit:
@@ -307,12 +314,13 @@ def _record(results: list[dict], reports: list | None, args: argparse.Namespace)
           " renders the history)")
 
 
-def _store(results: list[dict], baselines_dir: str | None) -> None:
+def _store(results: list[dict], baselines_dir: str | None, reason: str) -> None:
+    """Store each result as its case's baseline with ``reason`` in the provenance, printing each diff."""
     from specbench.gating.regenerate import update_baseline
 
     command = "specbench " + shlex.join(sys.argv[1:])
     for result in results:
-        print(update_baseline(result, baselines_dir, command=command).format())
+        print(update_baseline(result, baselines_dir, command=command, reason=reason).format())
 
 
 def _torchrun_peer() -> bool:
@@ -379,7 +387,7 @@ def _run_and_report(args: argparse.Namespace) -> int:
         print(f"not recorded in the results history (no metrics): {', '.join(e['case_id'] for e in errors)}",
               file=sys.stderr)
     if args.update_baselines:
-        _store(results, args.baselines)
+        _store(results, args.baselines, args.reason)
         if results:
             _record(results, None, args)
         return 1 if errors else 0

@@ -10,7 +10,7 @@
             "metrics": {acceptance_rate, mean_acceptance_length, per_position_acceptance_rate},
             "requests": [{prompt_id, num_drafts, num_draft_tokens, num_accepted_tokens, accepted_per_position}],
             "correctness": {checked, exact, match_fraction},
-            "provenance": {git_commit, date, command, env}},
+            "provenance": {git_commit, date, command, reason, env}},
         "speed": {"<env.hardware_class>": {
             "metrics": {tokens_per_s, speedup, time_to_first_token_s, per_token_latency_s, decode_speedup,
                         verify_cost_ratio, draft_cost_ratio, step_latency_s,
@@ -22,6 +22,8 @@
             "provenance": {...}}}}}}
 
 The per-request values let the gates bootstrap a confidence interval of the difference to the baseline.
+A provenance's ``reason`` says why the baseline was stored (``--reason``, required to store one); files stored
+before reasons were recorded lack it, and it reads as null there (no schema change: nothing else differs).
 Files of an older schema are migrated when read (specbench.gating.migrate; `specbench baselines migrate`
 rewrites them).
 """
@@ -47,14 +49,15 @@ NON_DEFINING_CASE_KEYS = ("tolerances", "gate_quality", "gate_speed", "min_gpu_g
 # size it runs, not what it computes (the engines, batched or not, decode token for token alike: docs/engines.md,
 # docs/batching.md#exactness-cpu-fp32-greedy)
 QUALITY_REFERENCE_FREE_KEYS = ("name", "device", "engine", "batch_size")
-REGENERATE_HINT = ("regenerate it with `specbench baselines regenerate <suite>` (or `specbench run <case> "
-                   "--update-baselines`, or pytest `--specbench-update-baselines`), or restore it from git")
+REGENERATE_HINT = ("regenerate it with `specbench baselines regenerate <suite> --reason TEXT` (or `specbench run "
+                   "<case> --update-baselines --reason TEXT`, or pytest `--specbench-update-baselines "
+                   "--specbench-reason TEXT`), or restore it from git")
 
 QUALITY_REQUEST_FIELDS = ("prompt_id", "num_drafts", "num_draft_tokens", "num_accepted_tokens", "accepted_per_position")
 SPEED_REQUEST_FIELDS = ("prompt_id", "repeat", "tokens_per_s", "plain_tokens_per_s", "time_to_first_token_s",
                         "per_token_latency_s", "plain_per_token_latency_s")
 REPEAT_FIELDS = ("repeat", "t1_s", "verify_s", "draft_s", "verify_width")
-PROVENANCE_FIELDS = ("git_commit", "date", "command", "env")
+PROVENANCE_FIELDS = ("git_commit", "date", "command", "env")  # and "reason", optional: older files lack it
 _SUITE_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
 
 
@@ -135,7 +138,10 @@ def _validate_section(section, where, path, metric_names, request_fields, extra_
                                     f"numbers, found {value!r}; {REGENERATE_HINT}")
     for i, request in enumerate(_require(section["requests"], (), f"{where}.requests", path, kind=list)):
         _require(request, request_fields, f"{where}.requests[{i}]", path)
-    _require(section["provenance"], PROVENANCE_FIELDS, f"{where}.provenance", path)
+    provenance = _require(section["provenance"], PROVENANCE_FIELDS, f"{where}.provenance", path)
+    if not isinstance(provenance.get("reason"), (str, type(None))):
+        raise BaselineFileError(f"{path}: key '{where}.provenance.reason' must be a string or null, found "
+                                f"{provenance['reason']!r}; {REGENERATE_HINT}")
 
 
 def validate_baseline_file(data, path: Path) -> dict:

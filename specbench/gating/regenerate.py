@@ -45,6 +45,7 @@ class BaselineDiff:
     case_id: str
     path: Path
     created: bool
+    reason: str | None = None  # why it was regenerated, as recorded in the provenance
     lines: list[DiffLine] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
@@ -54,20 +55,31 @@ class BaselineDiff:
 
     def format(self) -> str:
         head = f"{self.case_id} -> {self.path}" + (" (new baseline)" if self.created else "")
-        return "\n".join([head] + ["  " + line.format() for line in self.lines] + ["  note: " + n for n in self.notes])
+        reason = [f"  reason: {self.reason}"] if self.reason else []
+        return "\n".join([head] + reason + ["  " + line.format() for line in self.lines]
+                          + ["  note: " + n for n in self.notes])
 
     __str__ = format
 
 
-def _provenance(result: dict, command: str) -> dict:
+def _provenance(result: dict, command: str, reason: str | None) -> dict:
     env = result.get("env") or {}
     date = result.get("created_at") or datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-    return {"git_commit": env.get("git_commit"), "date": date, "command": command, "env": env}
+    return {"git_commit": env.get("git_commit"), "date": date, "command": command, "reason": reason, "env": env}
 
 
-def _sections(result: dict, command: str) -> tuple[dict, dict]:
+def require_reason(reason, flag: str = "--reason") -> str:
+    """``reason`` stripped; a missing or blank one raises BaselineError saying to pass ``flag``: a baseline is
+    re-based deliberately, and why is recorded in its provenance."""
+    if not isinstance(reason, str) or not reason.strip():
+        raise BaselineError(f"storing baselines needs a reason: pass {flag} \"TEXT\" saying why they change (e.g. "
+                            f"{flag} \"new verify kernel, measured faster\"); it is recorded in each entry's provenance")
+    return reason.strip()
+
+
+def _sections(result: dict, command: str, reason: str | None = None) -> tuple[dict, dict]:
     metrics, requests = result.get("metrics") or {}, result.get("requests") or []
-    provenance = _provenance(result, command)
+    provenance = _provenance(result, command, reason)
     correctness = result.get("correctness") or {}
     quality = {
         "metrics": {name: metrics.get(name) for name in QUALITY_METRICS},
@@ -87,11 +99,12 @@ def _sections(result: dict, command: str) -> tuple[dict, dict]:
     return (strict_json.json_safe(quality, FLOAT_SIGNIFICANT_DIGITS), strict_json.json_safe(speed, FLOAT_SIGNIFICANT_DIGITS))
 
 
-def baseline_entry(result: dict, *, command: str) -> dict:
+def baseline_entry(result: dict, *, command: str, reason: str | None = None) -> dict:
     """The entry ``update_baseline`` would store for ``result`` (no file touched): benchmarks gate later runs
-    against an earlier run of the same process with ``gates.compare_entry(later, baseline_entry(first, ...))``."""
+    against an earlier run of the same process with ``gates.compare_entry(later, baseline_entry(first, ...))``.
+    Held in memory only, so it needs no reason."""
     result = as_result_dict(result)
-    quality, speed = _sections(result, command)
+    quality, speed = _sections(result, command, reason)
     hardware_class = (result.get("env") or {}).get("hardware_class")
     return {"case": result.get("case") or {}, "quality": quality, "speed": {hardware_class: speed} if hardware_class else {}}
 
@@ -110,13 +123,15 @@ def _metric_lines(section: str, names, old: dict | None, new: dict) -> list[Diff
     return lines
 
 
-def update_baseline(result: dict, store_dir=None, *, command: str) -> BaselineDiff:
+def update_baseline(result: dict, store_dir=None, *, command: str, reason: str) -> BaselineDiff:
     """Store ``result`` as its case's baseline: quality (if changed), and speed for its hardware class.
 
     Other hardware classes' speed figures and the per-case tolerances are kept. Raises BaselineRefused
     when the run's correctness check fails (fp32 not exact, or bf16/fp16 under the minimum match fraction).
-    ``command`` is recorded in the provenance (the command line that produced the run).
+    ``command`` (the command line that produced the run) and ``reason`` (why the baseline changes; required,
+    BaselineError when blank) are recorded in the provenance.
     """
+    reason = require_reason(reason)
     store, result = as_store(store_dir), as_result_dict(result)
     case_id = result_case_id(result)
     suite, name = split_case_id(case_id)
@@ -141,8 +156,8 @@ def update_baseline(result: dict, store_dir=None, *, command: str) -> BaselineDi
             raise BaselineRefused(f"refusing to store a baseline for {case_id}: {correctness.reason}. "
                                   "A baseline must come from a run that passes its correctness check; fix the "
                                   "divergence (or lower 'min_match_fraction' in the case's tolerances if justified)")
-        quality, speed = _sections(result, command)
-        diff = BaselineDiff(case_id, path, created=old is None)
+        quality, speed = _sections(result, command, reason)
+        diff = BaselineDiff(case_id, path, created=old is None, reason=reason)
         old_speed = dict((old or {}).get("speed") or {})
         changes = case_changes(old["case"], result.get("case") or {}) if old else []
         if changes:
