@@ -17,6 +17,8 @@ Options
                                       root: where ``specbench report`` reads)
     ``--specbench-no-history``        record nothing in a results history
     ``--specbench-baselines DIR``     baseline directory (default ``$SPECBENCH_BASELINES_DIR`` or ./baselines)
+    ``--specbench-compare BASE``      gate each case by an A/B against commit BASE on this machine, not the stored
+                                      baselines (``--specbench-compare-rounds R``, default 5; specbench.pytest_ab)
     ``--specbench-no-gpu-sharding``   under pytest-xdist, leave CUDA_VISIBLE_DEVICES alone (as does setting
                                       ``$SPECBENCH_NO_GPU_SHARDING`` to anything but "" or "0")
 GPU sharding (pytest-xdist, ``-n N``)
@@ -49,6 +51,7 @@ import pytest
 
 from specbench import env
 from specbench import gpu_assignment as gpus_of
+from specbench import pytest_ab
 from specbench import pytest_sharding as sharding
 from specbench.file_lock import locked
 
@@ -74,6 +77,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="do not append case results to any results history")
     group.addoption("--specbench-baselines", metavar="DIR", default=None,
                     help="baseline directory (default: $SPECBENCH_BASELINES_DIR or ./baselines)")
+    pytest_ab.add_options(group)
     group.addoption("--specbench-no-gpu-sharding", action="store_true", default=False,
                     help="under pytest-xdist, do not give each worker its own GPU through CUDA_VISIBLE_DEVICES "
                          f"(also: ${gpus_of.OPT_OUT_VAR}=1)")
@@ -86,6 +90,7 @@ def pytest_configure(config: pytest.Config) -> None:
     if config.getoption("--specbench-no-history") and config.getoption("--specbench-history"):
         raise pytest.UsageError("give --specbench-history DIR or --specbench-no-history, not both")
     _check_reason(config)
+    pytest_ab.check_options(config)
     config.stash[RESULTS_KEY] = []
     config.stash[HISTORY_USED_KEY] = set()
     config.stash[STARTED_KEY] = time.perf_counter()
@@ -209,7 +214,9 @@ class _Gatekeeper:
         self.config = request.config
         self.node = request.node
 
-    def __call__(self, result: dict) -> dict:
+    def __call__(self, result: dict, ab_report=None) -> dict:
+        """Record ``result``, then gate it against its stored baseline, or store it (--specbench-update-baselines);
+        ``ab_report``: its verdict from an A/B against a base commit (--specbench-compare), gated instead."""
         # strict_json, not harness.to_json: gating a stored result must not import the harness (torch, datasets)
         from specbench import strict_json
         from specbench.gating.baselines import BaselineRefused, BaselineStore, compare
@@ -229,7 +236,7 @@ class _Gatekeeper:
             self.node.user_properties.append((f"specbench.{name}", metrics.get(name)))
         self.node.user_properties.append(("specbench.case_id", result["case_id"]))
         row = {"case_id": result["case_id"], "metrics": metrics}
-        if config.getoption("--specbench-update-baselines"):
+        if ab_report is None and config.getoption("--specbench-update-baselines"):
             self._record_history(result, None)  # a run, whatever becomes of it; no gate outcome to store
             command = "pytest --specbench-update-baselines " + shlex.join(config.invocation_params.args)
             try:
@@ -245,7 +252,7 @@ class _Gatekeeper:
             config.stash[RESULTS_KEY].append(row)
             sys.stdout.write(diff.format() + "\n")
             return result
-        report = compare(result, BaselineStore(baselines_dir) if baselines_dir else None)
+        report = ab_report or compare(result, BaselineStore(baselines_dir) if baselines_dir else None)
         self._record_history(result, report)
         self.node.user_properties.append(("specbench.gate", "pass" if report.passed else "fail"))
         row.update(status="pass" if report.passed else "FAIL", detail=report.format(only_problems=True))
@@ -284,6 +291,8 @@ def specbench_run(request: pytest.FixtureRequest, specbench_gate):
             (case,) = find_case(case)
         elif isinstance(case, dict):
             case = Case.from_dict(case)
+        if request.config.getoption("--specbench-compare"):
+            return specbench_gate(*pytest_ab.run_ab(request.config, case))
         try:
             result = run_case(case, progress=False).to_dict()
         except (RuntimeError, MemoryError) as err:  # MemoryError: a batched cache that does not fit
