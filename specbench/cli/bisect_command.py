@@ -29,7 +29,7 @@ def cmd_bisect(args: argparse.Namespace) -> int:
         raise ValueError(f"--metric {args.metric!r}: expected a speed metric, one of {', '.join(SPEED_METRICS)}")
     tolerances = tolerances_from(args.tolerance)
     check_rounds(args.rounds)
-    repo = repository_root(Path.cwd())
+    repo = repository_root(args.repo or Path.cwd())
     probe_env, envs = side_environments(args)
     progress = None if args.quiet else (lambda line: print(line, file=sys.stderr, flush=True))
     outcome = bisect(repo, args.good, args.bad, args.case, metric=args.metric, rounds=args.rounds,

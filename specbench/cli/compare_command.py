@@ -38,6 +38,8 @@ def add_ab_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--allow-case-change", action="store_true",
                         help="compare a case whose definition differs between the trees (a changed case measures "
                              "something else: read the verdict as such)")
+    parser.add_argument("--repo", metavar="DIR", help="the git repository whose commits are named (default: the one "
+                        "holding the working directory)")
     parser.add_argument("--head-env", action="append", default=[], metavar="NAME=VALUE",
                         help="an environment variable for the head's processes only (PYTHONPATH is prepended), e.g. "
                              "the bench-only slowdown switch of bench/inject_slowdown/ (repeatable)")
@@ -202,7 +204,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
     tolerances = tolerances_from(args.tolerance)
     check_rounds(args.rounds)
-    repo = repository_root(Path.cwd())
+    repo = repository_root(args.repo or Path.cwd())
     probe_env, envs = side_environments(args)
     trees, base, head = open_trees(repo, args.base, args.head)
     progress = None if args.quiet else (lambda line: print(line, file=sys.stderr, flush=True))
