@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 TREES_KEY = pytest.StashKey[dict]()
-DEFAULT_ROUNDS = 5
+DEFAULT_ROUNDS = 6
 
 
 def add_options(group) -> None:

@@ -13,7 +13,7 @@ from specbench.cases import OVERRIDABLE
 COMPARE_DESCRIPTION = """\
 Run the same cases from BASE and from the head (default: the working tree, uncommitted changes included) in git
 worktrees, in fresh processes, interleaved round by round on this machine, and gate the head's speed on the paired
-differences: a 95% interval over the rounds, each speed metric failing when the whole interval is on the slow side
+differences: a 99% interval over the rounds, each speed metric failing when the whole interval is on the slow side
 of zero and reaches the tolerance (5% by default). Quality and losslessness are gated exactly as against a stored
 baseline, the base's run being the baseline. This is the verdict to trust for a change on any machine, CPU
 included; stored baselines carry cross-machine tolerances instead (README, "Did my change slow it down?").
@@ -28,10 +28,10 @@ exit status: 0 no regression, 1 a regression, a failed lossless check or a run t
 
 def add_ab_arguments(parser: argparse.ArgumentParser) -> None:
     """The options compare and bisect share: rounds, confidence, tolerances, environments, case changes."""
-    parser.add_argument("--rounds", type=int, default=5, metavar="R",
-                        help="pairs of fresh runs per case, alternating which side goes first (default 5, at least 2)")
+    parser.add_argument("--rounds", type=int, default=6, metavar="R",
+                        help="pairs of fresh runs per case, alternating which side goes first (default 6: an even number balances the order; at least 2)")
     parser.add_argument("--confidence", type=float, default=None, metavar="C",
-                        help="confidence of the interval over the rounds (default 0.95)")
+                        help="confidence of the interval over the rounds (default 0.99)")
     parser.add_argument("--tolerance", action="append", default=[], metavar="[METRIC=]X",
                         help="relative tolerance of every speed metric (X) or of one (tokens_per_s=0.03); repeatable "
                              "(default 0.05)")

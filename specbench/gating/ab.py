@@ -29,7 +29,7 @@ from specbench.gating.gates import DIRECTIONS, QUALITY_METRICS, SPEED_METRICS, c
 from specbench.gating.regenerate import baseline_entry
 from specbench.gating.verdicts import HIGHER_IS_BETTER, NOT_MEASURED, GateReport, MetricCheck
 
-AB_CONFIDENCE = 0.95
+AB_CONFIDENCE = 0.99  # as the stored gates: several metrics per case are judged at once (docs/ab.md#rule)
 AB_TOLERANCE = 0.05  # every speed metric; "5% by default" (docs/ab.md#rule)
 MIN_ROUNDS = 2  # one pair has no spread, so no interval
 

@@ -1,0 +1,75 @@
+"""The spread of every speed metric of the same cases over several machines (one results file per machine, e.g.
+each device call's `gpu_tier.sh` results_*.jsonl), against the stored baseline and its tolerance: the data that
+stored-baseline tolerances are set from (README, "Baselines and gates"; docs/ab.md#why).
+
+    python bench/machine_spread.py OUT machine1/results_speed_cases.jsonl machine2/... machine3/...
+
+For each case and speed metric: each machine's value, the spread (max / min - 1), the committed baseline, the
+worst relative distance of a machine from it, and the tolerance that gate uses now; a row is marked when a
+machine falls outside it. Writes OUT/machine_spread.json and prints the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from specbench.gating.baselines import BaselineStore  # noqa: E402
+from specbench.gating.gates import SPEED_METRICS, resolve_tolerances  # noqa: E402
+from specbench.report.cli import load_results  # noqa: E402
+
+
+def spread_rows(files: list[Path], store: BaselineStore) -> list[dict]:
+    """One row per (case, speed metric) measured on at least one machine."""
+    by_case: dict[str, dict[str, dict]] = {}
+    for path in files:
+        for _, result in load_results([str(path)]):
+            if "error" not in result:
+                by_case.setdefault(result["case_id"], {})[str(path)] = result  # a machine's last run of a case
+    rows = []
+    for case_id, per_machine in sorted(by_case.items()):
+        entry = store.entry(case_id)
+        any_result = next(iter(per_machine.values()))
+        hardware = (any_result.get("env") or {}).get("hardware_class")
+        speed = ((entry or {}).get("speed") or {}).get(hardware) or {}
+        tolerances = resolve_tolerances((entry or {}).get("tolerances"), (any_result.get("case") or {}).get("tolerances"))
+        for name in SPEED_METRICS:
+            values = {m: r["metrics"].get(name) for m, r in per_machine.items()}
+            values = {m: float(v) for m, v in values.items() if isinstance(v, (int, float)) and math.isfinite(v) and v > 0}
+            if not values:
+                continue
+            stored = (speed.get("metrics") or {}).get(name)
+            worst = max((abs(v / stored - 1) for v in values.values()), default=None) if stored else None
+            rows.append({"case_id": case_id, "metric": name, "machines": values,
+                         "spread": max(values.values()) / min(values.values()) - 1, "baseline": stored,
+                         "worst_from_baseline": worst, "tolerance": tolerances[name],
+                         "outside": worst is not None and worst > tolerances[name]})
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("out", type=Path)
+    parser.add_argument("results", nargs="+", type=Path, help="one results file per machine (.jsonl or --output JSON)")
+    parser.add_argument("--baselines", type=Path, default=None, help="baseline directory (default: the committed)")
+    args = parser.parse_args(argv)
+    rows = spread_rows(args.results, BaselineStore(args.baselines) if args.baselines else BaselineStore())
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "machine_spread.json").write_text(json.dumps({"files": [str(p) for p in args.results], "rows": rows},
+                                                             indent=2) + "\n", encoding="utf-8")
+    print(f"{'case':48} {'metric':24} {'machines':>8} {'spread':>7} {'from baseline':>13} {'tolerance':>9}")
+    for row in rows:
+        worst = "-" if row["worst_from_baseline"] is None else f"{row['worst_from_baseline'] * 100:.1f}%"
+        print(f"{row['case_id'][:48]:48} {row['metric']:24} {len(row['machines']):8d} {row['spread'] * 100:6.1f}% "
+              f"{worst:>13} {row['tolerance'] * 100:8.0f}%{'  OUTSIDE' if row['outside'] else ''}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
