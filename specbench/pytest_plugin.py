@@ -284,15 +284,16 @@ def specbench_run(request: pytest.FixtureRequest, specbench_gate):
     the test in one line (case id, error type, message, the memory asked for), after freeing what the case left
     behind."""
     from specbench.cases import Case, find_case
-    from specbench.harness import case_fault, fault_line, free_device_memory, run_case
 
     def run(case) -> dict:
         if isinstance(case, str):
             (case,) = find_case(case)
         elif isinstance(case, dict):
             case = Case.from_dict(case)
-        if request.config.getoption("--specbench-compare"):
+        if request.config.getoption("--specbench-compare"):  # runs in fresh processes: nothing loaded here
             return specbench_gate(*pytest_ab.run_ab(request.config, case))
+        from specbench.harness import case_fault, fault_line, free_device_memory, run_case
+
         try:
             result = run_case(case, progress=False).to_dict()
         except (RuntimeError, MemoryError) as err:  # MemoryError: a batched cache that does not fit
