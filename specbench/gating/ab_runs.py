@@ -118,6 +118,19 @@ class ProcessRunner:
 Runner = Callable[[Tree, str, str, int], list[dict]]
 
 
+def _figures(results: list[dict]) -> str:
+    """A process's headline figures for its progress line, so that a comparison cut short still shows them."""
+    parts = []
+    for result in results:
+        metrics = result.get("metrics") or {}
+        shown = [f"{label} {metrics[name] * scale:.4g}" for name, label, scale in
+                 (("tokens_per_s", "tok/s", 1), ("step_latency_s", "T(1) ms", 1000), ("speedup", "speedup", 1))
+                 if isinstance(metrics.get(name), (int, float))]
+        if shown:
+            parts.append(", ".join(shown))
+    return f" ({'; '.join(parts)})" if parts else ""
+
+
 def run_rounds(base: Tree, head: Tree, specs: list[str], rounds: int, runner: Runner, *,
                progress: Callable[[str], None] | None = None) -> dict[str, list[tuple[dict, dict]]]:
     """case id -> [(base result, head result) per round], the sides alternating which goes first per round.
@@ -134,7 +147,7 @@ def run_rounds(base: Tree, head: Tree, specs: list[str], rounds: int, runner: Ru
                 by_side[side] = runner(tree, side, spec, r)
                 if progress:
                     progress(f"round {r + 1}/{rounds} {side} ({tree.short}) {spec}: "
-                             f"{time.perf_counter() - started:.1f} s")
+                             f"{time.perf_counter() - started:.1f} s" + _figures(by_side[side]))
             base_by_id = {result["case_id"]: result for result in by_side["base"]}
             for head_result in by_side["head"]:
                 case_id = head_result["case_id"]
