@@ -157,6 +157,9 @@ def _add_output_arguments(run: argparse.ArgumentParser) -> None:
     _add_selection_arguments(run)
     run.add_argument("-v", "--verbose", action="store_true", help="every check of every case, and each skipped "
                      "case's reason (default: a line per case, its problems, and one summary line per kind of skip)")
+    run.add_argument("--threads", type=argument_type("num_prompts"), metavar="N", help="torch's CPU threads "
+                     "(default: $OMP_NUM_THREADS, else the cores this process may use less those other processes keep "
+                     "busy, so that a busy neighbour does not starve one of them; docs/metrics.md#cpu-threads)")
     run.add_argument("--no-gate", action="store_true", help="report only: do not compare with the stored baselines "
                      "(the lossless check still decides the exit status)")
     run.add_argument("--update-baselines", action="store_true", help="store the results as the cases' baselines "

@@ -345,8 +345,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     from specbench.distributed import TorchrunRankFailed, teardown
     from specbench.tp_run import under_torchrun
 
+    from specbench.cpu_threads import apply_policy
+
+    policy = apply_policy(getattr(args, "threads", None))
     try:
-        code = _run_as_peer(args) if _torchrun_peer() else _run_and_report(args)
+        code = _run_as_peer(args) if _torchrun_peer() else _run_and_report(args, policy.note())
     except TorchrunRankFailed as failure:
         # no teardown: the peers may be inside a collective with this rank; torchrun ends them
         if args.verbose and not failure.peer_loss:
@@ -360,8 +363,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     return code
 
 
-def _run_and_report(args: argparse.Namespace) -> int:
-    """Run the cases, print the table and the gate lines, write --output, the history or the baselines."""
+def _run_and_report(args: argparse.Namespace, cpu_note: str | None = None) -> int:
+    """Run the cases, print the table and the gate lines (and ``cpu_note``: a shared or oversubscribed CPU),
+    write --output, the history or the baselines."""
     from specbench.batch_run import curves
     from specbench.gating.baselines import BaselineStore
     from specbench.harness import to_json, write_json_atomic
@@ -387,12 +391,14 @@ def _run_and_report(args: argparse.Namespace) -> int:
         print(f"not recorded in the results history (no metrics): {', '.join(e['case_id'] for e in errors)}",
               file=sys.stderr)
     if args.update_baselines:
+        if cpu_note:
+            print(cpu_note)
         _store(results, args.baselines, args.reason)
         if results:
             _record(results, None, args)
         return 1 if errors else 0
     print()
-    print("\n".join(gate_lines(reports, changed, verbose=args.verbose)))
+    print("\n".join(gate_lines(reports, changed, verbose=args.verbose) + ([cpu_note] if cpu_note else [])))
     # a --no-gate run records no gate outcome: it was not compared with anything
     if results:
         _record(results, reports if gated else None, args)
