@@ -128,7 +128,9 @@ def _add_explicit_arguments(run: argparse.ArgumentParser) -> None:
     explicit.add_argument("--prompts", metavar="NAME|FILE", help="required: a prompt set (gsm8k, gsm8k-embedded, "
                           "spec_bench, spec_bench/<task>, mt_bench, synthetic) or a JSONL file")
     explicit.add_argument("--name", type=argument_type("name", str),
-                          help="the case name, its id being cli/NAME (default: the proposer name)")
+                          help="the case name, its id being cli/NAME (default: the proposer named after the "
+                          "settings given, e.g. ngram[num_speculative_tokens=2,prompts=gsm8k], so that runs of "
+                          "different settings are different cases)")
 
 
 def _add_setting_arguments(run: argparse.ArgumentParser, *, batch_size: bool = True,
