@@ -12,6 +12,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from specbench.atomic_write import write_text_atomic
+from specbench.gating.aggregates import contradictions
 from specbench.gating.baselines import BaselineError, BaselineStore, compare, default_baselines_dir
 from specbench.gating.history import (
     HistoryError,
@@ -76,6 +77,13 @@ def _validate_result(result, where: str) -> None:
     if missing:
         raise HistoryError(f"{where}: run result lacks {missing} (expected the RESULT_SCHEMA keys case_id, case, "
                            f"metrics, requests, correctness, env; found {sorted(result)})")
+    wrong = contradictions(result)
+    if wrong:
+        metric, stored, computed = wrong[0]
+        also = f" (also {', '.join(name for name, _, _ in wrong[1:])})" if wrong[1:] else ""
+        raise HistoryError(f"{where}: metrics.{metric} is {_shown(stored)} but its requests' counters give "
+                           f"{_shown(computed)}{also}: the aggregates do not follow from the per-request records; "
+                           "re-run the case, or restore the file as the run wrote it")
 
 
 def _store(path: str | None, *, required: bool) -> BaselineStore | None:
@@ -119,6 +127,13 @@ def cmd_check(args: argparse.Namespace) -> int:
         return 1
     print(f"\nspecbench check: {'1 case passes' if len(reports) == 1 else f'all {len(reports)} cases pass'}")
     return 0
+
+
+def _shown(value) -> str:
+    """A stored or recomputed metric in an error: lists item by item, numbers to 6 significant digits."""
+    if isinstance(value, list):
+        return "[" + ", ".join(map(_shown, value)) + "]"
+    return f"{value:.6g}" if isinstance(value, float) else repr(value)
 
 
 def _number(value) -> str:
