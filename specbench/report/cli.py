@@ -113,7 +113,11 @@ def cmd_check(args: argparse.Namespace) -> int:
         report = compare(result, store)
         reports.append(report)
         failures += report.failures
-        print(report.format() + f"\n  (from {source})")
+        print(report.format(brief=not args.verbose) + f"\n  (from {source})")
+    if not args.verbose:
+        from specbench.gating.gates import skip_summary
+
+        print("\n".join(f"{line}; -v for details" for line in skip_summary(reports)))
     if args.results and args.history:
         path = append_results(args.history, [r for _, r in runs], gate_reports=reports)
         print(f"recorded {plural(len(runs), 'run')} in {path}")
@@ -179,6 +183,10 @@ def cmd_report(args: argparse.Namespace) -> int:
     if history is None:
         # nothing is wrong with the input, there is just nothing to show yet
         print(NOTHING_RECORDED.format(directory=history_dir), file=sys.stderr)
+        if args.format == "markdown":  # a CI job summary says so, rather than being silently empty
+            from specbench.report.markdown import render_empty
+
+            return _emit(render_empty(str(history_dir)), args.out, "summary.md")
         return 0
     case_ids = history["case_id"].unique().tolist()
     overrides = {c: (store.entry(c) or {}).get("tolerances") for c in case_ids} if store else {}
@@ -270,6 +278,8 @@ def add_report_subcommands(subparsers) -> None:
                        "--results gate the latest stored run of each case and hardware class")
     check.add_argument("--baselines", metavar="DIR", help="baseline directory (default: $SPECBENCH_BASELINES_DIR "
                        "or <repo>/baselines)")
+    check.add_argument("-v", "--verbose", action="store_true", help="every check of every case (default: a line "
+                       "per case, its regressions, failures and improvements, and one line per kind of skipped check)")
     check.set_defaults(func=_guarded(cmd_check))
 
 
