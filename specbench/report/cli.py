@@ -176,6 +176,8 @@ def cmd_report(args: argparse.Namespace) -> int:
     from specbench.report.changes import detect_regressions
     from specbench.report.status import status_rows
 
+    if args.width < 320:
+        raise HistoryError(f"--width {args.width}: expected at least 320 pixels (the dashboard's narrowest layout)")
     if args.screenshot and args.format != "html":
         raise HistoryError("--screenshot renders the HTML report; drop --format or use --format html")
     store = _store(args.baselines, required=False)
@@ -206,15 +208,16 @@ def cmd_report(args: argparse.Namespace) -> int:
     path = write_html_report(args.out or "specbench-report", page)
     print(f"wrote {path} ({plural(len(history), 'run')}, {plural(len(regressions), 'flagged regression')})")
     if args.screenshot:
-        from specbench.report.screenshot import BrowserUnavailable, capture
+        from specbench.report.screenshot import MAX_HEIGHT, BrowserUnavailable, capture
 
         try:
-            shot = capture(path, screenshot=args.screenshot)
+            shot = capture(path, screenshot=args.screenshot, width=args.width)
         except BrowserUnavailable as err:
             raise HistoryError(str(err)) from None
         for line in shot.console:
             print(f"console: {line}", file=sys.stderr)
-        print(f"wrote {shot.screenshot}")
+        clipped = f"; the page is {shot.layout.height} px tall, cut at {MAX_HEIGHT}" if shot.layout.clipped else ""
+        print(f"wrote {shot.screenshot} (the whole page, {args.width} x {min(shot.layout.height, MAX_HEIGHT)} px{clipped})")
     return 0
 
 
@@ -264,7 +267,10 @@ def add_report_subcommands(subparsers) -> None:
     report.add_argument("--format", choices=("html", "markdown", "json"), default="html",
                         help="html: a static dashboard folder; markdown: a CI summary; json: machine-readable "
                         "(default html)")
-    report.add_argument("--screenshot", metavar="PNG", help="also render the HTML page in headless Chromium to PNG")
+    report.add_argument("--screenshot", metavar="PNG", help="also render the whole HTML page in headless Chromium "
+                        "to PNG")
+    report.add_argument("--width", type=int, default=1400, metavar="PX", help="the --screenshot's width in pixels; "
+                        "its height is the page's (default 1400)")
     report.set_defaults(func=_guarded(cmd_report))
 
     check = subparsers.add_parser(
