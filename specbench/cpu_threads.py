@@ -109,14 +109,19 @@ def decide(requested: int | None = None, *, cores: int, others: float, load: flo
 _applied: ThreadPolicy | None = None
 
 
+def decide_here(requested: int | None = None) -> ThreadPolicy:
+    """The decision from this machine's readings now (nothing is set)."""
+    return decide(requested, cores=usable_cores(), others=other_load(), load=load_1min(),
+                  env_threads=os.environ.get(THREADS_ENV))
+
+
 def apply_policy(requested: int | None = None) -> ThreadPolicy:
     """Decide from this machine's readings and set torch's intra-op threads; the environment record of the
     runs that follow carries the decision."""
     global _applied
     import torch
 
-    policy = decide(requested, cores=usable_cores(), others=other_load(), load=load_1min(),
-                    env_threads=os.environ.get(THREADS_ENV))
+    policy = decide_here(requested)
     torch.set_num_threads(policy.threads)
     _applied = policy
     return policy

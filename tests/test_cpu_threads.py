@@ -105,3 +105,23 @@ def test_run_takes_threads_and_refuses_zero():
     assert build_parser().parse_args(["run"]).threads is None
     with pytest.raises(Exception, match="--threads"):
         build_parser().parse_args(["run", "--threads", "0"])
+
+
+def test_ab_sides_get_one_thread_count_decided_once(monkeypatch):
+    """compare/bisect run both commits' processes with the same torch threads (a base commit from before the
+    policy obeys OMP_NUM_THREADS too), decided once rather than by each process from the load it sees."""
+    from specbench.gating import ab_runs
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    ab_runs._ab_threads.cache_clear()
+    loads = iter([1.0, 0.0, 0.0])  # a neighbour at the first reading only: later readings must not matter
+    monkeypatch.setattr(cpu_threads, "usable_cores", lambda: 2)
+    monkeypatch.setattr(cpu_threads, "other_load", lambda: next(loads))
+    try:
+        sides = [ab_runs.child_environment(), ab_runs.child_environment({"PYTHONPATH": "x"})]
+        assert [env["OMP_NUM_THREADS"] for env in sides] == ["1", "1"]
+        monkeypatch.setenv("OMP_NUM_THREADS", "2")
+        assert ab_runs.child_environment()["OMP_NUM_THREADS"] == "2"  # the user's setting stands
+        assert ab_runs.child_environment({"OMP_NUM_THREADS": "3"})["OMP_NUM_THREADS"] == "3"  # a --base-env one too
+    finally:
+        ab_runs._ab_threads.cache_clear()
