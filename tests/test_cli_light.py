@@ -26,3 +26,12 @@ def test_light_commands_import_neither_torch_nor_transformers(argv, tmp_path):
     done = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert "HEAVY []" in done.stdout, f"specbench {' '.join(argv)} imported {done.stdout.splitlines()[-1]}"
+
+
+def test_help_loads_no_numeric_library_either():
+    # `specbench --help` is argparse and help texts: numpy and pandas (the stores', the report's) wait for a command
+    check = ("import sys\nfrom specbench.cli import main\ntry:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
+             "print('LOADED', [m for m in ('numpy', 'pandas', 'tqdm', 'torch') if m in sys.modules])")
+    done = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "LOADED []" in done.stdout, done.stdout.splitlines()[-1]

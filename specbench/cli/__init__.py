@@ -50,7 +50,7 @@ def _quiet_libraries() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from specbench.report.cli import one_line
+    from specbench.report.arguments import one_line
 
     try:
         args = build_parser().parse_args(argv)

@@ -300,7 +300,7 @@ def build_parser() -> argparse.ArgumentParser:
     env.set_defaults(func=cmd_env)
 
     from specbench.cli import calibrate_tree
-    from specbench.report.cli import add_report_subcommands
+    from specbench.report.arguments import add_report_subcommands
     from specbench.zoo.cli import add_zoo_subcommand
 
     calibrate_parser = sub.add_parser(

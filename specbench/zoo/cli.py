@@ -8,11 +8,9 @@ import dataclasses
 import sys
 from pathlib import Path
 
-from specbench.zoo.build_record import read_record
 from specbench.zoo.config import SCALES
 from specbench.references import DATA_DIR_ENV
 from specbench.references import ARTIFACTS_DIR, BUILD_NAME, REFERENCES, references_root, resolve_reference
-from specbench.zoo.registry import find_build_dir, install_build
 
 
 def headline(record: dict) -> str:
@@ -64,7 +62,9 @@ def _default_device() -> str:
 
 
 def cmd_build(args: argparse.Namespace) -> int:
+    from specbench.zoo.registry import find_build_dir, install_build  # noqa: F401 - here: light --help
     from specbench.zoo.build import build_zoo
+    from specbench.zoo.build_record import read_record
 
     config = SCALES[args.scale]
     overrides = {"vocab_size": args.vocab_size, "heads_steps": args.heads_steps, "eval_num_prompts": args.eval_prompts,
@@ -87,6 +87,7 @@ def cmd_build(args: argparse.Namespace) -> int:
 
 
 def cmd_eagle(args: argparse.Namespace) -> int:
+    from specbench.zoo.registry import find_build_dir, install_build  # noqa: F401 - here: light --help
     from specbench.zoo.eagle_stage import SCALES as EAGLE_SCALES, add_eagle_heads, install_eagle_heads
 
     build = find_build_dir(args.build_dir)
@@ -107,17 +108,22 @@ def cmd_eagle(args: argparse.Namespace) -> int:
 
 
 def cmd_install(args: argparse.Namespace) -> int:
+    from specbench.zoo.registry import find_build_dir, install_build  # noqa: F401 - here: light --help
     print(f"installed into {install_build(args.build_dir, force=args.force)}")
     return 0
 
 
 def cmd_summary(args: argparse.Namespace) -> int:
+    from specbench.zoo.registry import find_build_dir, install_build  # noqa: F401 - here: light --help
+    from specbench.zoo.build_record import read_record
+
     print(headline(read_record(find_build_dir(args.build_dir))))
     return 0
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from specbench.zoo.build_record import compare_records
+    from specbench.zoo.registry import find_build_dir, install_build  # noqa: F401 - here: light --help
+    from specbench.zoo.build_record import compare_records, read_record
 
     reference_path = Path(args.reference) if args.reference else references_root() / BUILD_NAME
     reference, rebuild = read_record(find_build_dir(reference_path)), read_record(find_build_dir(args.rebuild))
