@@ -283,6 +283,14 @@ def builtin_suites() -> list[str]:
     return sorted(p.name[: -len(".toml")] for p in root.iterdir() if p.name.endswith(".toml"))
 
 
+_SOURCES: dict[str, str] = {}  # case id -> the file load_suite read it from, for errors found after loading
+
+
+def case_source(case: Case) -> str | None:
+    """The case file ``case`` (or the stored case it was derived from: NAME[...]) was loaded from, if any."""
+    return _SOURCES.get(case.case_id) or _SOURCES.get(case.case_id.split("[", 1)[0])
+
+
 def load_suite(spec: str) -> list[Case]:
     """Cases of a built-in suite name or of a TOML file path."""
     if spec in builtin_suites():
@@ -310,6 +318,7 @@ def load_suite(spec: str) -> list[Case]:
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:
         raise ValueError(f"{origin}: case names must be unique within a suite; repeated: {duplicates}")
+    _SOURCES.update({case.case_id: origin for case in cases})
     return cases
 
 

@@ -16,9 +16,10 @@ from importlib import metadata
 from pathlib import Path
 
 import specbench
+from specbench.cpu_threads import thread_record
 
 FINGERPRINT_KEYS = (
-    "python", "python_implementation", "platform", "machine", "cpu_model", "cpu_count",
+    "python", "python_implementation", "platform", "machine", "cpu_model", "cpu_count", "cpu_threads",
     "torch", "transformers", "datasets", "specbench",
     "cuda_available", "cuda_version", "cudnn_version", "gpu_count", "gpu_name",
     "gpu_memory_bytes", "gpu_memory_gib", "driver_version", "gpu_clocks",
@@ -65,6 +66,7 @@ def environment_fingerprint(device: str | None = None, dtype: str | None = None)
         "machine": platform.machine(),
         "cpu_model": _cpu_model(),
         "cpu_count": os.cpu_count(),
+        "cpu_threads": thread_record(),  # torch's intra-op threads, the load, oversubscription
         "torch": torch.__version__,
         "transformers": _distribution_version("transformers"),
         "datasets": _distribution_version("datasets"),

@@ -1,15 +1,18 @@
-"""One portable exclusive lock for the stores' writers (results files, history files, baseline directories)."""
+"""One portable exclusive lock for the stores' writers (results files, history files, baseline directories), and
+holding Ctrl-C off an append so that it is whole or absent."""
 
 from __future__ import annotations
 
 import os
+import signal
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 from filelock import FileLock, Timeout
 
-__all__ = ["LockTimeout", "lock_path", "locked"]
+__all__ = ["LockTimeout", "lock_path", "locked", "signals_held"]
 
 LockTimeout = Timeout  # raised by locked(..., timeout=N) when another holder keeps the lock N seconds
 LOCK_SUFFIX = ".lock"
@@ -43,3 +46,28 @@ def locked(path: str | os.PathLike, *, timeout: float = -1) -> Iterator[Path]:
     # would let a second caller in this process through instead of making it wait
     with FileLock(target, timeout=timeout, poll_interval=POLL_INTERVAL_S):
         yield target
+
+
+@contextmanager
+def signals_held() -> Iterator[None]:
+    """Hold SIGINT and SIGTERM off the block (Python runs signal handlers in the main thread, so from there), so
+    that Ctrl-C arrives after an append, not between its writes: a signal that comes meanwhile is noted, and
+    handed to the handler it was meant for on leaving. (Masking the signal would not do: the OS delivers a
+    process's signal to any thread that does not mask it, torch's worker threads included.)"""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    arrived: list[tuple[int, object]] = []
+    previous = {number: signal.signal(number, lambda *received: arrived.append(received))
+                for number in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
+        for number, frame in arrived[:1]:
+            handler = previous[number]
+            if callable(handler):
+                handler(number, frame)
+            elif handler == signal.SIG_DFL:
+                signal.raise_signal(number)

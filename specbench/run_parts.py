@@ -11,7 +11,7 @@ import torch
 
 from specbench import strict_json
 from specbench.atomic_write import write_text_atomic
-from specbench.cases import DTYPE_NAMES, Case, expand_ref
+from specbench.cases import DTYPE_NAMES, Case, case_source, expand_ref
 from specbench.checkpoints.tiny import BUILTIN_TARGETS
 from specbench.engine.decode import GenerationConfig, GenerationResult
 from specbench.engine.hf_target import HFTarget
@@ -19,6 +19,7 @@ from specbench.engine.sampling import SamplingParams
 from specbench.engine.static_target import StaticTarget
 from specbench.prompts import load_prompts, synthetic_prompts
 from specbench.proposers import create_proposer
+from specbench.proposers.registry import ProposerOptionsError
 
 RESULT_SCHEMA_VERSION = 2  # 2: requests carry their repeat; repeats and flags added
 DTYPES = {name: getattr(torch, name) for name in DTYPE_NAMES}  # the names cases.py validates, as torch dtypes
@@ -180,7 +181,14 @@ def build_proposer(case: Case, target):
     name = options.pop("name")
     if "path" in options:
         options["path"] = expand_ref(options["path"], key="proposer.path")
-    return None if name == "none" else create_proposer(name, target, **options)
+    if name == "none":
+        return None
+    try:
+        return create_proposer(name, target, **options)
+    except ProposerOptionsError as err:  # found only now (the registry loads the proposer), said as a case-file error
+        source = case_source(case)
+        where = f"{source}: case {case.name!r}" if source else f"case {case.case_id}"
+        raise ValueError(f"{where}: {err}; remove the option from the case's proposer table") from None
 
 
 def generation_config(case: Case, tokenizer) -> GenerationConfig:

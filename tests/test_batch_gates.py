@@ -198,7 +198,8 @@ def test_the_dashboard_draws_the_measured_curve_beside_the_baseline_curve(dashbo
         stored = [batch_point(b)["metrics"][metric] for b in (1, 2)]
         assert [v for _, v in series["measured"][metric]] == pytest.approx(measured, rel=1e-9)
         assert [v for _, v in series["baseline"][metric]] == pytest.approx(stored, rel=1e-5)  # 6 significant digits
-    assert f"batch speedup vs batch size on {GPU} (↑ better)" in parser.titles
+    # the batch speedup says what it is: not the status table's speedup (mean per-request tok/s over plain's)
+    assert f"batch speedup (throughput ÷ plain throughput) vs batch size on {GPU} (↑ better)" in parser.titles
     assert f"throughput (tokens/s) vs batch size on {GPU} (↑ better)" in parser.titles
     assert any(t.startswith("baseline B=2: ") for t in parser.titles)  # a dot of the dashed baseline series
 

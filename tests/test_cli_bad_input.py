@@ -52,7 +52,8 @@ def test_a_loader_error_naming_no_file_is_traced_to_the_file(tmp_path, capsys, m
                  "--prompts", "gsm8k-embedded", *SMALL]) == 2
     line = error_line(capsys)
     assert line.startswith(f"specbench: error: {target / 'model.safetensors'}: truncated: header says ")
-    assert line.endswith("; re-download it, re-export it, or check the copy (case cli/ngram)")
+    assert line.endswith("; re-download it, re-export it, or check the copy (case cli/ngram[target=target,"
+                         "num_speculative_tokens=2,prompts=gsm8k-embedded,max_new_tokens=4,num_prompts=1])")
 
 
 def test_a_garbage_tokenizer_is_one_line_naming_the_file(tmp_path, capsys):
@@ -62,7 +63,8 @@ def test_a_garbage_tokenizer_is_one_line_naming_the_file(tmp_path, capsys):
                  "--prompts", "gsm8k-embedded", *SMALL]) == 2
     assert error_line(capsys) == (
         f"specbench: error: {target / 'tokenizer.json'}: not valid JSON (Expecting property name enclosed in double "
-        "quotes: line 1 column 2 (char 1)); re-download or re-export the model (case cli/ngram)")
+        "quotes: line 1 column 2 (char 1)); re-download or re-export the model (case cli/ngram[target=target,"
+        "num_speculative_tokens=2,prompts=gsm8k-embedded,max_new_tokens=4,num_prompts=1])")
 
 
 def test_truncated_medusa_heads_are_one_line_naming_the_file(tmp_path, capsys):

@@ -25,3 +25,12 @@ def test_readme_opens_with_two_commands():
 def test_ci_runs_the_readme_test_command():
     ci_lines = (ROOT / ".ci" / "run").read_text(encoding="utf-8").splitlines()
     assert readme_commands()[1] in ci_lines
+
+
+def test_readme_says_which_torch_the_install_brings_and_how_to_get_the_cpu_build():
+    # torch==2.13.0 from PyPI on Linux x86-64 is the CUDA build (several GB), not a CPU build
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    intro = text[:text.index("\n## ")]
+    assert "with PyTorch's CPU build" not in intro
+    assert "CUDA build" in intro and "several GB" in intro
+    assert "pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu" in intro

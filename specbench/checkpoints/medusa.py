@@ -91,9 +91,21 @@ def _detect_layout(weights_file: Path, keys: list[str], raw_config: dict[str, An
     ):
         return "vllm"
     raise MedusaCheckpointError(
-        f"{weights_file}: neither vLLM Medusa keys ('blocks.{{h}}.layers.{{l}}.weight', 'lm_heads.{{h}}.weight') "
-        f"nor Medusa-2 keys ('medusa_head.{{h}}.{{l}}.linear.weight') found; first keys: {sorted(keys)[:5]}"
+        f"{weights_file}: no Medusa heads: none of the Medusa layouts' keys found (FasterDecoding's "
+        "medusa_lm_head.safetensors|.pt file with '{h}.{l}.linear.weight', '{h}.{L}.weight'; vLLM's "
+        "'blocks.{h}.layers.{l}.weight', 'lm_heads.{h}.weight'; Medusa-2's 'medusa_head.{h}.{l}.linear.weight'); "
+        f"first keys: {sorted(keys)[:5]}{_other_proposer_hint(keys)}"
     )
+
+
+def _other_proposer_hint(keys: list[str]) -> str:
+    """What the keys look like instead, when they are another proposer's (an EAGLE draft head's fc + decoder layer)."""
+    if "fc.weight" not in keys:
+        return ""
+    if any(key in ("d2t", "t2d") or key.startswith("midlayer.") for key in keys):
+        return "; these are EAGLE-3 draft-head weights: use --proposer eagle3 (proposer name \"eagle3\" in a case file)"
+    return ("; these look like EAGLE draft-head weights (fc.weight and a decoder layer): use --proposer eagle "
+            "(proposer name \"eagle\" in a case file), or --proposer eagle3 for an EAGLE-3 head")
 
 
 def _config_disagreements(

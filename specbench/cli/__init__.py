@@ -50,7 +50,7 @@ def _quiet_libraries() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from specbench.report.cli import one_line
+    from specbench.report.arguments import one_line
 
     try:
         args = build_parser().parse_args(argv)
@@ -60,6 +60,11 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as err:
         print(err, file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        # Ctrl-C: one line, not the traceback of wherever the run was; --output, baselines and history records
+        # are each written whole (atomically, or appended with signals held) or not at all
+        print("\nspecbench: interrupted; what the run had not yet written was not written", file=sys.stderr)
+        return 130  # 128 + SIGINT, as a shell reports a process that Ctrl-C ended
     except user_errors() as err:
         print(f"specbench: error: {one_line(err)}", file=sys.stderr)
         return 2

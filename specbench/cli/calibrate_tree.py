@@ -6,7 +6,6 @@ import argparse
 
 from specbench.cases import DTYPE_NAMES, Case
 from specbench.cli.arguments import argument_type, parse_device
-from specbench.harness import load_prompt_ids, load_target
 
 DESCRIPTION = """``specbench calibrate-tree``: a Medusa tree calibrated for a given checkpoint, so users are not
 stuck with trees tuned for Vicuna. Measures each head's top-k accuracy on the target's own greedy
@@ -18,6 +17,7 @@ COUNT = argument_type("num_prompts")  # the case rule for "an integer >= 1", for
 
 def calibrate_for_checkpoint(case: Case, *, num_nodes: int, top_k: int = 10, progress: bool = True) -> tuple[list, dict]:
     """(tree paths, metadata) for the Medusa heads ``case.proposer["path"]`` on ``case.target``."""
+    from specbench.harness import load_prompt_ids, load_target  # here: `specbench --help` loads no torch
     from specbench.medusa.checkpoint import load_medusa_heads
     from specbench.medusa.training import collect_self_distillation, head_topk_accuracy
     from specbench.medusa.tree_calibration import calibrate_tree, expected_acceptance_length, rank_accuracies

@@ -49,11 +49,16 @@ def load_error(case: Case, err: BaseException) -> ValueError:
 def user_errors() -> tuple[type[BaseException], ...]:
     """Errors caused by input (bad names, missing or damaged data, models, checkpoints, baselines): printed in
     one line, exit status 2. ValueError covers CheckpointError (MedusaCheckpointError), InvalidModelRef and
-    HistoryError; OSError covers FileNotFoundError and ReferenceMissing, and unreadable files."""
-    from safetensors import SafetensorError
+    HistoryError; OSError covers FileNotFoundError and ReferenceMissing, and unreadable files.
 
-    from specbench.checkpoints.resolve import ModelUnavailable
-    from specbench.gating.baselines import BaselineError
-    from specbench.prompts import DatasetUnavailable
+    Only the classes of modules already imported: an error can only be raised by a module that was loaded, and
+    importing one here (safetensors, the prompt sources with datasets, torch) would make every exit of a light
+    command, `specbench --help` included, pay for them."""
+    import sys
 
-    return (ValueError, OSError, BaselineError, ModelUnavailable, DatasetUnavailable, SafetensorError)
+    errors: list[type[BaseException]] = [ValueError, OSError]
+    for module, name in (("safetensors", "SafetensorError"), ("specbench.checkpoints.resolve", "ModelUnavailable"),
+                         ("specbench.gating.baselines", "BaselineError"), ("specbench.prompts", "DatasetUnavailable")):
+        if module in sys.modules:
+            errors.append(getattr(sys.modules[module], name))
+    return tuple(errors)

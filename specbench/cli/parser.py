@@ -128,7 +128,9 @@ def _add_explicit_arguments(run: argparse.ArgumentParser) -> None:
     explicit.add_argument("--prompts", metavar="NAME|FILE", help="required: a prompt set (gsm8k, gsm8k-embedded, "
                           "spec_bench, spec_bench/<task>, mt_bench, synthetic) or a JSONL file")
     explicit.add_argument("--name", type=argument_type("name", str),
-                          help="the case name, its id being cli/NAME (default: the proposer name)")
+                          help="the case name, its id being cli/NAME (default: the proposer named after the "
+                          "settings given, e.g. ngram[num_speculative_tokens=2,prompts=gsm8k], so that runs of "
+                          "different settings are different cases)")
 
 
 def _add_setting_arguments(run: argparse.ArgumentParser, *, batch_size: bool = True,
@@ -157,6 +159,9 @@ def _add_output_arguments(run: argparse.ArgumentParser) -> None:
     _add_selection_arguments(run)
     run.add_argument("-v", "--verbose", action="store_true", help="every check of every case, and each skipped "
                      "case's reason (default: a line per case, its problems, and one summary line per kind of skip)")
+    run.add_argument("--threads", type=argument_type("num_prompts"), metavar="N", help="torch's CPU threads "
+                     "(default: $OMP_NUM_THREADS, else the cores this process may use less those other processes keep "
+                     "busy, so that a busy neighbour does not starve one of them; docs/metrics.md#cpu-threads)")
     run.add_argument("--no-gate", action="store_true", help="report only: do not compare with the stored baselines "
                      "(the lossless check still decides the exit status)")
     run.add_argument("--update-baselines", action="store_true", help="store the results as the cases' baselines "
@@ -295,7 +300,7 @@ def build_parser() -> argparse.ArgumentParser:
     env.set_defaults(func=cmd_env)
 
     from specbench.cli import calibrate_tree
-    from specbench.report.cli import add_report_subcommands
+    from specbench.report.arguments import add_report_subcommands
     from specbench.zoo.cli import add_zoo_subcommand
 
     calibrate_parser = sub.add_parser(

@@ -14,74 +14,14 @@ from specbench.cases import OVERRIDABLE, Case, find_case, hardware_shortfall, wi
 from specbench.cli.errors import load_error
 from specbench.speed import PREDICTION_TOLERANCE
 
+from specbench.cli.explicit_case import (  # noqa: F401 - the reference names are specbench.cli's too
+    EXPLICIT_FLAGS, REFERENCE_MEDUSA, REFERENCE_TARGET, REFERENCE_TREE, _explicit_case, flag as _flag,
+)
+
 DEFAULT_SUITE = "medusa"  # with no SUITE given, only its CPU cases run (the embedded default)
-REFERENCE_TARGET = "specbench-ref/gsm8k-tiny"
-REFERENCE_MEDUSA = "specbench-ref/gsm8k-tiny-medusa"
-REFERENCE_TREE = "gsm8k-tiny-63"
-EXPLICIT_FLAGS = ("target", "proposer", "proposer_path", "tree", "num_speculative_tokens", "prompts")
-_EXPLICIT_DEFAULTS = Case(name="cli")  # what the explicit form takes for a setting left out
-
-
-def _flag(dest: str) -> str:
-    return "--" + dest.replace("_", "-")
 
 
 # ---- which cases to run ----------------------------------------------------------------------------------
-
-
-def _explicit_proposer(args: argparse.Namespace, target: str) -> dict:
-    """The proposer table of the explicit form; flags that do not apply to the chosen proposer are refused."""
-    proposer = {"name": args.proposer or "medusa"}
-    given = [flag for flag in ("proposer_path", "tree", "num_speculative_tokens") if getattr(args, flag) is not None]
-    if proposer["name"] == "none" and given:
-        raise ValueError(f"--proposer none decodes plainly, so {_flag(given[0])} does not apply; drop it")
-    if args.tree is not None and proposer["name"] != "medusa":
-        raise ValueError(f"--tree applies to --proposer medusa only, not {proposer['name']!r}; drop --tree")
-    if args.num_speculative_tokens is not None:
-        proposer["num_speculative_tokens"] = args.num_speculative_tokens
-    if args.tree:
-        proposer["tree"] = args.tree
-    if args.proposer_path:
-        proposer["path"] = args.proposer_path
-    if proposer["name"] == "medusa":
-        if "path" not in proposer:
-            if target != REFERENCE_TARGET:
-                raise ValueError(f"--proposer medusa with --target {target} needs --proposer-path (its Medusa heads)")
-            proposer["path"] = REFERENCE_MEDUSA
-        if "tree" not in proposer and "num_speculative_tokens" not in proposer:
-            if proposer["path"] != REFERENCE_MEDUSA:
-                raise ValueError("--proposer medusa needs --num-speculative-tokens K (a chain) or --tree NAME|FILE")
-            proposer["tree"] = REFERENCE_TREE
-    return proposer
-
-
-def _explicit_case(args: argparse.Namespace) -> Case:
-    """The case the explicit flags describe; what is left out takes the shipped defaults: the reference
-    target, its Medusa heads and their calibrated tree, and Case's own defaults for the run settings."""
-    if not args.prompts:
-        raise ValueError("--prompts NAME|FILE is required in the explicit form (e.g. --prompts gsm8k)")
-    if args.k:
-        raise ValueError("-k selects cases of a suite, and the explicit form runs the one case its flags "
-                         "describe; drop -k")
-    target = args.target or REFERENCE_TARGET
-    prompts = {"name": args.prompts}
-    if args.num_prompts:
-        prompts["num_prompts"] = args.num_prompts
-    if args.prompts == "gsm8k":
-        # the reference models were trained on zero-shot "Question: ...\nAnswer:" text
-        prompts["n_shot"] = args.n_shot if args.n_shot is not None else (0 if target.startswith("specbench-ref/") else 1)
-    elif args.n_shot is not None:
-        raise ValueError(f"--n-shot applies to --prompts gsm8k only, not {args.prompts!r}; drop --n-shot")
-    d = _EXPLICIT_DEFAULTS
-    return Case.from_dict({
-        "name": args.name or args.proposer or "medusa", "suite": "cli", "target": target,
-        "proposer": _explicit_proposer(args, target), "prompts": prompts,
-        "sampling": {"temperature": args.temperature if args.temperature is not None else 0.0},
-        "dtype": args.dtype or d.dtype, "device": args.device or d.device, "engine": args.engine or d.engine,
-        "max_new_tokens": args.max_new_tokens or d.max_new_tokens,
-        "seed": args.seed if args.seed is not None else d.seed, "ignore_eos": bool(args.ignore_eos),
-        "batch_size": args.batch_size, "tensor_parallel": args.tensor_parallel,
-    }, origin="the explicit form")
 
 
 def _select(cases: list[Case], expression: str | None) -> list[Case]:
@@ -345,8 +285,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     from specbench.distributed import TorchrunRankFailed, teardown
     from specbench.tp_run import under_torchrun
 
+    from specbench.cpu_threads import apply_policy
+
+    policy = apply_policy(getattr(args, "threads", None))
     try:
-        code = _run_as_peer(args) if _torchrun_peer() else _run_and_report(args)
+        code = _run_as_peer(args) if _torchrun_peer() else _run_and_report(args, policy.note())
     except TorchrunRankFailed as failure:
         # no teardown: the peers may be inside a collective with this rank; torchrun ends them
         if args.verbose and not failure.peer_loss:
@@ -360,8 +303,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     return code
 
 
-def _run_and_report(args: argparse.Namespace) -> int:
-    """Run the cases, print the table and the gate lines, write --output, the history or the baselines."""
+def _run_and_report(args: argparse.Namespace, cpu_note: str | None = None) -> int:
+    """Run the cases, print the table and the gate lines (and ``cpu_note``: a shared or oversubscribed CPU),
+    write --output, the history or the baselines."""
     from specbench.batch_run import curves
     from specbench.gating.baselines import BaselineStore
     from specbench.harness import to_json, write_json_atomic
@@ -387,12 +331,14 @@ def _run_and_report(args: argparse.Namespace) -> int:
         print(f"not recorded in the results history (no metrics): {', '.join(e['case_id'] for e in errors)}",
               file=sys.stderr)
     if args.update_baselines:
+        if cpu_note:
+            print(cpu_note)
         _store(results, args.baselines, args.reason)
         if results:
             _record(results, None, args)
         return 1 if errors else 0
     print()
-    print("\n".join(gate_lines(reports, changed, verbose=args.verbose)))
+    print("\n".join(gate_lines(reports, changed, verbose=args.verbose) + ([cpu_note] if cpu_note else [])))
     # a --no-gate run records no gate outcome: it was not compared with anything
     if results:
         _record(results, reports if gated else None, args)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 
-from tqdm.auto import tqdm
 
 from specbench.cases import OVERRIDABLE, Case, changed_name, find_case
 
@@ -90,6 +89,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     grid = grid_cases(base, batch_sizes, draft_lengths, overrides)  # every point validated before anything loads
     target, tokenizer = load_target(grid[0])  # one target for the grid: the points differ in K and B only
     points, cells, reports = [], [], []
+    from tqdm.auto import tqdm  # here: `specbench --help` need not load it
+
     for case in tqdm(grid, desc=f"sweep {base.case_id}", unit="point", disable=args.quiet):
         entry = _run_one(case, False, target=target, tokenizer=tokenizer)
         report = None if "error" in entry else lossless_report(entry)

@@ -15,9 +15,11 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 from typing import Callable
 
+from specbench.cpu_threads import THREADS_ENV, decide_here
 from specbench.gating.baselines import case_changes
 from specbench.gating.worktrees import Tree
 
@@ -36,10 +38,21 @@ class RunFailed(RuntimeError):
     """A side's process ended without a result: its command, exit status and the end of its output."""
 
 
+@lru_cache(maxsize=1)
+def _ab_threads() -> int:
+    return decide_here().threads
+
+
 def child_environment(overrides: dict[str, str] | None = None) -> dict[str, str]:
-    """This process's environment for a side's process: relative SPECBENCH_* paths made absolute, then
-    ``overrides`` (a side's --*-env settings; PYTHONPATH is prepended to the inherited one)."""
+    """This process's environment for a side's process: relative SPECBENCH_* paths made absolute, torch's CPU
+    threads pinned (OMP_NUM_THREADS, unless set), then ``overrides`` (a side's --*-env settings; PYTHONPATH is
+    prepended to the inherited one).
+
+    The threads are decided once, here, for every process of both sides: each `specbench run` would otherwise
+    size them from the load it sees when it starts (specbench/cpu_threads.py), which differs between rounds and
+    sides, and a base commit older than that policy would not size them at all."""
     env = dict(os.environ)
+    env.setdefault(THREADS_ENV, str(_ab_threads()))
     for key, value in env.items():
         if key.startswith(_PATH_VARIABLE_PREFIX) and value and not os.path.isabs(value) and os.path.exists(value):
             env[key] = os.path.abspath(value)

@@ -30,7 +30,7 @@ import warnings
 from datetime import datetime, timezone
 from pathlib import Path
 
-from specbench.file_lock import locked
+from specbench.file_lock import locked, signals_held
 from specbench.gating.baselines import QUALITY_REQUEST_FIELDS, SPEED_REQUEST_FIELDS
 from specbench.strict_json import json_safe
 from specbench.gating.intervals import per_token_latency
@@ -144,7 +144,7 @@ def append_results(history_dir, results: list, *, gate_reports: list | None = No
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / writer_file_name()
     data = "".join(lines).encode("utf-8")
-    with locked(path):
+    with locked(path), signals_held():  # Ctrl-C during the write would cut a batch of records in two
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:
             view = memoryview(data)

@@ -6,6 +6,7 @@ specbench.gating.gates makes them (the rule is in its docstring); the CLI, pytes
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import asdict, dataclass, field
 
 from specbench.gating.intervals import DEFAULT_CONFIDENCE
@@ -127,8 +128,17 @@ class GateReport:
         counts = {s: sum(c.status == s for c in self.checks) for s in STATUSES}
         summary = ", ".join(f"{n} {s}" for s, n in counts.items() if n)
         return (f"{self.case_id}: {'PASSED' if self.passed else 'FAILED'} ({summary or 'no checks'})"
-                + (f" against {self.baseline_path}" if self.baseline_path else "")
+                + self._where()
                 + (f" (quality against {self.quality_baseline})" if self.quality_baseline else ""))
+
+    def _where(self) -> str:
+        """The baseline file: what it was gated against, or the file that holds no baseline for the case; never
+        a file that does not exist (an explicit or overridden case has none)."""
+        if not self.baseline_path:
+            return ""
+        if self.has_baseline:
+            return f" against {self.baseline_path}"
+        return f" (none stored for it in {self.baseline_path})" if os.path.exists(self.baseline_path) else ""
 
     def format(self, *, only_problems: bool = False, brief: bool = False) -> str:
         """The headline and a line per check: every check, only those that did not pass (``only_problems``),
@@ -175,7 +185,8 @@ def skip_summary(reports: list[GateReport]) -> list[str]:
             lines.append(f"speed not gated on CPU for {cases} ({_plural(len(items), 'metric')}): shared machines "
                          "are too noisy (set gate_speed = true in a case to gate it)")
         elif kind == "no_baseline":
-            paths = sorted({report.baseline_path for report, _ in items if report.baseline_path})
+            paths = sorted({report.baseline_path for report, _ in items
+                            if report.baseline_path and os.path.exists(report.baseline_path)})
             where = f" in {paths[0]}" if len(paths) == 1 else ""
             lines.append(f"no baseline for {cases} ({_plural(len(items), 'metric')}){where}")
         else:

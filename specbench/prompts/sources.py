@@ -83,11 +83,19 @@ def local_file(override: str | None, relative: str) -> tuple[Path | None, str]:
     return path, ""
 
 
+def _hub_advice() -> str:
+    """How to let the hub be reached: unset the offline variables that are set, else a network or proxy."""
+    offline = [name for name in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE") if _env_flag(name)]
+    if offline:
+        return f"allow hub access (unset {' and '.join(offline)})"
+    return "reach the hub (a network connection, HTTPS_PROXY, or HF_ENDPOINT for a mirror)"
+
+
 def unavailable_message(name: str, tried: list[str], relative: str) -> str:
     return (
         f"prompt set {name!r} is unavailable; tried: {'; '.join(tried)}. "
         f"To fix: set {DATA_DIR_ENV}=/path/to/data, a directory holding {relative} "
-        "(from Python, load_prompts(..., data_dir=) does the same), or allow hub access (unset HF_HUB_OFFLINE)."
+        f"(from Python, load_prompts(..., data_dir=) does the same), or {_hub_advice()}."
     )
 
 

@@ -63,6 +63,10 @@ def get_proposer_class(name: str) -> type[Proposer]:
     )
 
 
+class ProposerOptionsError(ValueError):
+    """A proposer given options it does not take (a case file's proposer table, most likely)."""
+
+
 def create_proposer(name: str, target: "Target", **options) -> Proposer:
     """Build the proposer called ``name`` for ``target`` with its options."""
     cls = get_proposer_class(name)
@@ -71,7 +75,7 @@ def create_proposer(name: str, target: "Target", **options) -> Proposer:
     known = [p for p in parameters if p != "target" and parameters[p].kind is not inspect.Parameter.VAR_KEYWORD]
     unknown = sorted(set(options) - set(known))
     if unknown and not takes_any:
-        raise ValueError(
+        raise ProposerOptionsError(
             f"proposer {name!r} does not take option(s) {', '.join(map(repr, unknown))}; "
             f"it takes: {', '.join(known) or 'no options'}"
         )

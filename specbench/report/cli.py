@@ -1,6 +1,7 @@
 """``specbench report`` (dashboard, CI summary, JSON) and ``specbench check`` (gate stored results outside
 pytest, optionally recording them in the history). ``specbench.cli`` registers both through
-:func:`add_report_subcommands`; :func:`main` runs them alone.
+specbench/report/arguments.py (light to import: `specbench --help` loads none of this); :func:`main` runs them
+alone.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from specbench.atomic_write import write_text_atomic
+from specbench.gating.aggregates import contradictions
 from specbench.gating.baselines import BaselineError, BaselineStore, compare, default_baselines_dir
 from specbench.gating.history import (
     HistoryError,
@@ -20,21 +22,8 @@ from specbench.gating.history import (
     load_history,
     result_from_row,
 )
+from specbench.report.arguments import CHECK_EPILOG, REPORT_EPILOG, add_report_subcommands, one_line  # noqa: F401
 from specbench.report.status import plural
-
-REPORT_EPILOG = """examples:
-  specbench report                                     # HTML dashboard in ./specbench-report/index.html
-  specbench report --format markdown >> "$GITHUB_STEP_SUMMARY"
-  specbench report --format json --out report/         # report/report.json
-  specbench report --screenshot report.png             # also render the page in headless Chromium
-"""
-CHECK_EPILOG = """examples:
-  specbench check --results results.jsonl              # gate a pytest --specbench-results file
-  specbench check --results r.json --history hist/     # gate, then record the runs in the history
-  specbench check --history hist/                      # gate the latest stored run of each case
-exit status: 0 all gates pass, 1 a regression or failed check (each named), 2 bad input
-"""
-
 
 def load_results(paths: list[str]) -> list[tuple[str, dict]]:
     """(source, result) of every result in the files: ``.jsonl`` one result per line (the pytest plugin's
@@ -76,6 +65,13 @@ def _validate_result(result, where: str) -> None:
     if missing:
         raise HistoryError(f"{where}: run result lacks {missing} (expected the RESULT_SCHEMA keys case_id, case, "
                            f"metrics, requests, correctness, env; found {sorted(result)})")
+    wrong = contradictions(result)
+    if wrong:
+        metric, stored, computed = wrong[0]
+        also = f" (also {', '.join(name for name, _, _ in wrong[1:])})" if wrong[1:] else ""
+        raise HistoryError(f"{where}: metrics.{metric} is {_shown(stored)} but its requests' counters give "
+                           f"{_shown(computed)}{also}: the aggregates do not follow from the per-request records; "
+                           "re-run the case, or restore the file as the run wrote it")
 
 
 def _store(path: str | None, *, required: bool) -> BaselineStore | None:
@@ -105,7 +101,11 @@ def cmd_check(args: argparse.Namespace) -> int:
         report = compare(result, store)
         reports.append(report)
         failures += report.failures
-        print(report.format() + f"\n  (from {source})")
+        print(report.format(brief=not args.verbose) + f"\n  (from {source})")
+    if not args.verbose:
+        from specbench.gating.gates import skip_summary
+
+        print("\n".join(f"{line}; -v for details" for line in skip_summary(reports)))
     if args.results and args.history:
         path = append_results(args.history, [r for _, r in runs], gate_reports=reports)
         print(f"recorded {plural(len(runs), 'run')} in {path}")
@@ -119,6 +119,13 @@ def cmd_check(args: argparse.Namespace) -> int:
         return 1
     print(f"\nspecbench check: {'1 case passes' if len(reports) == 1 else f'all {len(reports)} cases pass'}")
     return 0
+
+
+def _shown(value) -> str:
+    """A stored or recomputed metric in an error: lists item by item, numbers to 6 significant digits."""
+    if isinstance(value, list):
+        return "[" + ", ".join(map(_shown, value)) + "]"
+    return f"{value:.6g}" if isinstance(value, float) else repr(value)
 
 
 def _number(value) -> str:
@@ -157,6 +164,8 @@ def cmd_report(args: argparse.Namespace) -> int:
     from specbench.report.changes import detect_regressions
     from specbench.report.status import status_rows
 
+    if args.width < 320:
+        raise HistoryError(f"--width {args.width}: expected at least 320 pixels (the dashboard's narrowest layout)")
     if args.screenshot and args.format != "html":
         raise HistoryError("--screenshot renders the HTML report; drop --format or use --format html")
     store = _store(args.baselines, required=False)
@@ -164,6 +173,10 @@ def cmd_report(args: argparse.Namespace) -> int:
     if history is None:
         # nothing is wrong with the input, there is just nothing to show yet
         print(NOTHING_RECORDED.format(directory=history_dir), file=sys.stderr)
+        if args.format == "markdown":  # a CI job summary says so, rather than being silently empty
+            from specbench.report.markdown import render_empty
+
+            return _emit(render_empty(str(history_dir)), args.out, "summary.md")
         return 0
     case_ids = history["case_id"].unique().tolist()
     overrides = {c: (store.entry(c) or {}).get("tolerances") for c in case_ids} if store else {}
@@ -183,15 +196,16 @@ def cmd_report(args: argparse.Namespace) -> int:
     path = write_html_report(args.out or "specbench-report", page)
     print(f"wrote {path} ({plural(len(history), 'run')}, {plural(len(regressions), 'flagged regression')})")
     if args.screenshot:
-        from specbench.report.screenshot import BrowserUnavailable, capture
+        from specbench.report.screenshot import MAX_HEIGHT, BrowserUnavailable, capture
 
         try:
-            shot = capture(path, screenshot=args.screenshot)
+            shot = capture(path, screenshot=args.screenshot, width=args.width)
         except BrowserUnavailable as err:
             raise HistoryError(str(err)) from None
         for line in shot.console:
             print(f"console: {line}", file=sys.stderr)
-        print(f"wrote {shot.screenshot}")
+        clipped = f"; the page is {shot.layout.height} px tall, cut at {MAX_HEIGHT}" if shot.layout.clipped else ""
+        print(f"wrote {shot.screenshot} (the whole page, {args.width} x {min(shot.layout.height, MAX_HEIGHT)} px{clipped})")
     return 0
 
 
@@ -204,58 +218,6 @@ def _emit(text: str, out: str | None, name: str) -> int:
     write_text_atomic(path, text)
     print(f"wrote {path}", file=sys.stderr)
     return 0
-
-
-def one_line(err: BaseException) -> str:
-    """An error's message in one line: an OS error as "FILE: reason; what to do", several lines joined by "; "."""
-    if isinstance(err, OSError) and err.errno is not None and err.filename:
-        return f"{err.filename}: {err.strerror}; check the path and its permissions"
-    return "; ".join(line.strip() for line in str(err).splitlines() if line.strip()) or type(err).__name__
-
-
-def _guarded(command):
-    """Bad input (unreadable files, broken baselines or history) -> one line on stderr and exit status 2."""
-    def run(args: argparse.Namespace) -> int:
-        try:
-            return command(args)
-        # HistoryError is a ValueError; OSError: a file or directory that cannot be read (or written)
-        except (ValueError, BaselineError, OSError) as err:
-            print(f"specbench {args.command}: error: {one_line(err)}", file=sys.stderr)
-            return 2
-    return run
-
-
-def add_report_subcommands(subparsers) -> None:
-    """Register ``report`` and ``check`` on an argparse subparsers object (``dest="command"``)."""
-    report = subparsers.add_parser(
-        "report", help="render the results history: HTML dashboard, Markdown CI summary or JSON",
-        description="Read the results history, flag step regressions over it (per case x metric x hardware class) "
-        "and compare the latest run of each case with its baseline.",
-        formatter_class=argparse.RawDescriptionHelpFormatter, epilog=REPORT_EPILOG)
-    report.add_argument("--history", metavar="DIR", help="history directory (default: $SPECBENCH_HISTORY_DIR or "
-                        "<repo>/.specbench/history, where `specbench run` records every run)")
-    report.add_argument("--out", metavar="DIR", help="output folder (html default: specbench-report; markdown and "
-                        "json print to stdout unless given)")
-    report.add_argument("--baselines", metavar="DIR", help="baseline directory (default: $SPECBENCH_BASELINES_DIR "
-                        "or <repo>/baselines; when absent the gate outcome recorded with each run is shown)")
-    report.add_argument("--format", choices=("html", "markdown", "json"), default="html",
-                        help="html: a static dashboard folder; markdown: a CI summary; json: machine-readable "
-                        "(default html)")
-    report.add_argument("--screenshot", metavar="PNG", help="also render the HTML page in headless Chromium to PNG")
-    report.set_defaults(func=_guarded(cmd_report))
-
-    check = subparsers.add_parser(
-        "check", help="gate stored results against the baselines (exit 1 on a regression)",
-        description="Gate stored run results against the stored baselines, as the pytest plugin does, and print "
-        "every GateReport. With --results and --history the gated runs are also appended to the history.",
-        formatter_class=argparse.RawDescriptionHelpFormatter, epilog=CHECK_EPILOG)
-    check.add_argument("--results", nargs="+", metavar="FILE", help="results files (.jsonl: one result per line; "
-                       ".json: a result or {\"results\": [...]})")
-    check.add_argument("--history", metavar="DIR", help="history directory: record the results there, or without "
-                       "--results gate the latest stored run of each case and hardware class")
-    check.add_argument("--baselines", metavar="DIR", help="baseline directory (default: $SPECBENCH_BASELINES_DIR "
-                       "or <repo>/baselines)")
-    check.set_defaults(func=_guarded(cmd_check))
 
 
 def main(argv: list[str] | None = None) -> int:

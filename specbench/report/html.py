@@ -25,6 +25,10 @@ from specbench.report.svg import PALETTE, Line, line_chart
 
 TREND_METRICS = ("acceptance_rate", "mean_acceptance_length", "speedup", "tokens_per_s")
 SPLIT_METRICS = ("tokens_per_s",)  # one chart per hardware class
+# where each trend's y axis starts at the latest: a rate and a speed from 0, MAL from 1 (its least), so a chart
+# shows a change against the metric's whole range rather than zoomed into noise
+Y_FLOORS = {"acceptance_rate": 0.0, "mean_acceptance_length": 1.0, "speedup": 0.0, "tokens_per_s": 0.0}
+ONE_COMMIT = "one commit: no trend yet"
 ENV_COLUMNS = ("hardware_class", "gpu_name", "driver_version", "cuda_version", "torch", "transformers", "python",
                "dtype", "platform")
 MAX_ENV_ROWS = 300
@@ -94,7 +98,8 @@ def _trend_charts(case_id: str, runs, labels: list[str], regressions: list[Regre
             arrow = "↑" if DIRECTIONS[metric] == HIGHER_IS_BETTER else "↓"
             where = f" on {classes[0]}" if metric in SPLIT_METRICS else ""
             charts.append(line_chart(f"{METRIC_LABELS[metric]}{where} ({arrow} better)", lines, x_labels=labels,
-                                     y_label=metric, markers=markers, css_class="chart trend"))
+                                     y_label=METRIC_LABELS[metric], markers=markers, css_class="chart trend",
+                                     y_floor=Y_FLOORS[metric], note=ONE_COMMIT if len(labels) == 1 else ""))
     return charts
 
 
@@ -114,7 +119,8 @@ def _per_position_chart(case_id: str, status: list[StatusRow], colors: dict):
                            dashed=True))
     depth = max([len(c.path) for c in curves] or [0])
     return line_chart("per-position acceptance (latest vs baseline)", curves,
-                      x_labels=[f"pos {i}" for i in range(depth)], y_label="rate", css_class="chart per-position")
+                      x_labels=[f"pos {i}" for i in range(depth)], y_label="acceptance rate", y_floor=0.0,
+                      css_class="chart per-position")
 
 
 def case_charts(case_id: str, runs, regressions: list[Regression], status: list[StatusRow], colors: dict) -> dict:

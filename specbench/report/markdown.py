@@ -33,11 +33,22 @@ def _num(value, digits: int = 3) -> str:
     return "–" if value is None or not math.isfinite(value) else f"{value:.{digits}f}"
 
 
+NOT_GATED = ("skipped", "no_baseline")  # a measured value beside which the gate column says nothing about it
+
+
 def _metric_cell(m, digits: int) -> str:
     text = _num(m.measured, digits)
     if m.delta is not None:
         text += f" ({m.delta * 100:+.1f}%)"
+    if m.status in NOT_GATED and m.measured is not None:
+        return text + " (not gated)"  # the row's "pass" does not cover it: CPU speed, or no baseline
     return f"**{text} regression**" if m.status == "regression" else text
+
+
+def render_empty(history_dir: str) -> str:
+    """The summary of a history with no runs: one line that says so, so that a CI job page is not blank."""
+    return (f"## specbench report\n\nNo runs recorded in {_code(history_dir)} yet: nothing was measured or "
+            "gated. `specbench run` and `pytest suites/` record there.\n")
 
 
 def render_markdown(history, regressions: list[Regression], status: list[StatusRow]) -> str:
@@ -75,6 +86,10 @@ def render_markdown(history, regressions: list[Regression], status: list[StatusR
         commit = _code(row.commit[:10]) if row.commit else "–"
         lines.append(f"| {_cell(row.case_id)} | {_cell(row.hardware_class)} | {commit} | "
                      + " | ".join(cells) + f" | {'**' + gate + '**' if row.status in FAILING else gate} |")
+    if any(m.status in NOT_GATED and m.measured is not None for row in status for m in row.metrics.values()):
+        lines += ["", "<sub>(not gated): measured, but the gate column does not cover it: speed on CPU (too noisy on "
+                  "shared machines unless a case sets gate_speed = true) or a metric without a stored baseline."
+                  "</sub>"]
     failures = [f"- {_cell(row.hardware_class)}: {_cell(f)}" for row in status for f in row.failures]
     if failures:
         lines += ["", "<details><summary>Failing checks</summary>", "", *failures, "", "</details>"]

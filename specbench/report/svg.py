@@ -57,9 +57,11 @@ def _fmt_tick(value: float) -> str:
 
 def line_chart(title: str, lines: list[Line], *, x_labels: list[str] | None = None, y_label: str = "",
                markers: list[tuple[float, str]] = (), width: int = 430, height: int = 240,
-               css_class: str = "chart") -> Markup:
+               css_class: str = "chart", y_floor: float | None = None, note: str = "") -> Markup:
     """An SVG chart, as Markup (every text in it escaped); ``x_labels[i]`` labels x = i (thinned to
-    MAX_X_LABELS), ``markers`` are (x, label) vertical red lines (flagged regressions)."""
+    MAX_X_LABELS), ``markers`` are (x, label) vertical red lines (flagged regressions). ``y_floor``: the y axis
+    reaches down to it at least (0 for a rate), so that noise of a fraction of a percent is not zoomed into a
+    cliff; ``note``: a line of text over the plot (e.g. that one commit makes no trend)."""
     width, height = int(width), int(height)
     left, right, top, bottom = 58, 12, 44, 62
     plot_w, plot_h = width - left - right, height - top - bottom
@@ -77,7 +79,7 @@ def line_chart(title: str, lines: list[Line], *, x_labels: list[str] | None = No
     x_low, x_high = (min(xs), max(xs)) if xs else (0.0, 1.0)
     if x_high == x_low:
         x_low, x_high = x_low - 0.5, x_high + 0.5
-    ticks = nice_ticks(min(ys), max(ys))
+    ticks = nice_ticks(min(ys) if y_floor is None else min(y_floor, min(ys)), max(ys))
     y_low, y_high = ticks[0], ticks[-1]
 
     def sx(x: float) -> float:
@@ -113,6 +115,9 @@ def line_chart(title: str, lines: list[Line], *, x_labels: list[str] | None = No
             if math.isfinite(y):
                 out.append(f'<circle cx="{sx(x):.1f}" cy="{sy(y):.1f}" r="2.6" fill="{escape(ln.color)}">'
                            f'<title>{escape(tip)}</title></circle>')
+    if note:
+        out.append(f'<text class="chart-note" x="{left + plot_w / 2:.1f}" y="{top + 16}" font-size="11" '
+                   f'text-anchor="middle" fill="#777">{escape(note)}</text>')
     # the legend sits in the title row, right-aligned, so it never hides data
     x = width - right
     for ln in reversed(lines):

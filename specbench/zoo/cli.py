@@ -8,14 +8,9 @@ import dataclasses
 import sys
 from pathlib import Path
 
-import torch
-
-from specbench.zoo.build import build_zoo
-from specbench.zoo.build_record import read_record
 from specbench.zoo.config import SCALES
 from specbench.references import DATA_DIR_ENV
 from specbench.references import ARTIFACTS_DIR, BUILD_NAME, REFERENCES, references_root, resolve_reference
-from specbench.zoo.registry import find_build_dir, install_build
 
 
 def headline(record: dict) -> str:
@@ -61,10 +56,16 @@ def eagle_headline(section: dict | None) -> list[str]:
 
 
 def _default_device() -> str:
+    import torch  # here, not at the top: `specbench --help` and `zoo list` load no torch
+
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def cmd_build(args: argparse.Namespace) -> int:
+    from specbench.zoo.registry import find_build_dir, install_build  # noqa: F401 - here: light --help
+    from specbench.zoo.build import build_zoo
+    from specbench.zoo.build_record import read_record
+
     config = SCALES[args.scale]
     overrides = {"vocab_size": args.vocab_size, "heads_steps": args.heads_steps, "eval_num_prompts": args.eval_prompts,
                  "num_answer_prefix_prompts": args.answer_prefix_prompts, "num_distill_only_records": args.distill_only_records}
@@ -72,7 +73,7 @@ def cmd_build(args: argparse.Namespace) -> int:
     for field, steps in (("target_training", args.target_steps), ("draft_training", args.draft_steps)):
         if steps is not None:
             config = dataclasses.replace(config, **{field: dataclasses.replace(getattr(config, field), steps=steps)})
-    built = build_zoo(args.out_dir, config, scale=args.scale, data_dir=args.data_dir, device=args.device, seed=args.seed,
+    built = build_zoo(args.out_dir, config, scale=args.scale, data_dir=args.data_dir, device=args.device or _default_device(), seed=args.seed,
                       overwrite=args.overwrite, progress=not args.quiet)
     record = read_record(built)
     print(headline(record))
@@ -86,6 +87,7 @@ def cmd_build(args: argparse.Namespace) -> int:
 
 
 def cmd_eagle(args: argparse.Namespace) -> int:
+    from specbench.zoo.registry import find_build_dir, install_build  # noqa: F401 - here: light --help
     from specbench.zoo.eagle_stage import SCALES as EAGLE_SCALES, add_eagle_heads, install_eagle_heads
 
     build = find_build_dir(args.build_dir)
@@ -93,7 +95,7 @@ def cmd_eagle(args: argparse.Namespace) -> int:
     if in_place and not args.install:
         raise ValueError(f"{build} is the installed zoo (package data); pass --install to add the heads to it")
     config = EAGLE_SCALES[args.scale] if args.scale else None
-    built, record = add_eagle_heads(build, config, data_dir=args.data_dir, device=args.device, overwrite=args.overwrite,
+    built, record = add_eagle_heads(build, config, data_dir=args.data_dir, device=args.device or _default_device(), overwrite=args.overwrite,
                                     require_pass=in_place and not args.force, progress=not args.quiet)
     print(headline(record))
     print(f"wrote {built / 'eagle'} and {built / 'eagle3'}; updated {built / 'build_record.json'}")
@@ -106,17 +108,22 @@ def cmd_eagle(args: argparse.Namespace) -> int:
 
 
 def cmd_install(args: argparse.Namespace) -> int:
+    from specbench.zoo.registry import find_build_dir, install_build  # noqa: F401 - here: light --help
     print(f"installed into {install_build(args.build_dir, force=args.force)}")
     return 0
 
 
 def cmd_summary(args: argparse.Namespace) -> int:
+    from specbench.zoo.registry import find_build_dir, install_build  # noqa: F401 - here: light --help
+    from specbench.zoo.build_record import read_record
+
     print(headline(read_record(find_build_dir(args.build_dir))))
     return 0
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from specbench.zoo.build_record import compare_records
+    from specbench.zoo.registry import find_build_dir, install_build  # noqa: F401 - here: light --help
+    from specbench.zoo.build_record import compare_records, read_record
 
     reference_path = Path(args.reference) if args.reference else references_root() / BUILD_NAME
     reference, rebuild = read_record(find_build_dir(reference_path)), read_record(find_build_dir(args.rebuild))
@@ -152,7 +159,7 @@ def _add_zoo_commands(parser: argparse.ArgumentParser) -> None:
     )
     build.add_argument("out_dir", help="output directory; the build goes to OUT_DIR/gsm8k-tiny/")
     build.add_argument("--data-dir", default=None, help=f"directory holding gsm8k/train.jsonl and gsm8k/test.jsonl (default ${DATA_DIR_ENV})")
-    build.add_argument("--device", default=_default_device(), help="torch device: cuda (full scale, minutes) or cpu")
+    build.add_argument("--device", help="torch device: cuda (full scale, minutes) or cpu (default: cuda where there is one)")
     build.add_argument("--scale", choices=sorted(SCALES), default="full", help="full: the shipped models; test: a miniature for CPU tests")
     build.add_argument("--seed", type=int, default=0)
     build.add_argument("--vocab-size", type=int, help="override the scale's BPE vocabulary size")
@@ -184,7 +191,7 @@ def _add_zoo_commands(parser: argparse.ArgumentParser) -> None:
     eagle.add_argument("build_dir", help="a finished build: OUT_DIR, OUT_DIR/gsm8k-tiny, or the installed "
                        f"{ARTIFACTS_DIR / BUILD_NAME} (with --install)")
     eagle.add_argument("--data-dir", default=None, help=f"directory holding the build's gsm8k/train.jsonl and test.jsonl (default ${DATA_DIR_ENV})")
-    eagle.add_argument("--device", default=_default_device(), help=f"torch device for training and measurement (default {_default_device()})")
+    eagle.add_argument("--device", help="torch device for training and measurement (default: cuda where there is one, else cpu)")
     eagle.add_argument("--scale", choices=["full", "test"], default=None, help="the stage's size (default: the build's scale; test for custom builds)")
     eagle.add_argument("--overwrite", action="store_true", help="retrain heads the build already has")
     eagle.add_argument("--install", action="store_true", help="when the heads pass their checks, add eagle/, eagle3/ and "
@@ -213,7 +220,7 @@ def _add_zoo_commands(parser: argparse.ArgumentParser) -> None:
     listing = commands.add_parser("list", help="zoo names and the paths they resolve to")
     listing.set_defaults(func=cmd_list)
 
-    from specbench.zoo import synth
+    from specbench.zoo import synth_command as synth
 
     synthetic = commands.add_parser("synth", help="write a Vicuna-7B-shaped random Llama and upstream-layout Medusa heads",
                                     description=synth.__doc__)

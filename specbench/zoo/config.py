@@ -5,7 +5,25 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from specbench.zoo.lm_training import LlamaShape, TrainSettings
+
+@dataclass(frozen=True)
+class LlamaShape:
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    intermediate_size: int
+
+
+@dataclass(frozen=True)
+class TrainSettings:
+    steps: int
+    batch_size: int  # documents per step
+    seq_len: int  # longer documents are cut (they then lose their EOS)
+    lr: float
+    warmup_steps: int
+    min_lr_ratio: float = 0.1  # the cosine ends at lr * min_lr_ratio
+    weight_decay: float = 0.1
 
 
 @dataclass(frozen=True)

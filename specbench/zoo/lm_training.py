@@ -5,34 +5,15 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from specbench.zoo.config import LlamaShape, TrainSettings  # noqa: F401 - defined there, light to import
+
 IGNORE_INDEX = -100
-
-
-@dataclass(frozen=True)
-class LlamaShape:
-    hidden_size: int
-    num_layers: int
-    num_heads: int
-    num_kv_heads: int
-    intermediate_size: int
-
-
-@dataclass(frozen=True)
-class TrainSettings:
-    steps: int
-    batch_size: int  # documents per step
-    seq_len: int  # longer documents are cut (they then lose their EOS)
-    lr: float
-    warmup_steps: int
-    min_lr_ratio: float = 0.1  # the cosine ends at lr * min_lr_ratio
-    weight_decay: float = 0.1
 
 
 def build_llama(shape: LlamaShape, vocab_size: int, max_context: int, eos_token_id: int, pad_token_id: int, seed: int) -> LlamaForCausalLM:
