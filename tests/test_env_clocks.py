@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from specbench import env
-from specbench.env import GPU_CLOCK_KEYS, clock_difference, environment_fingerprint, gpu_clocks
+from specbench.env import GPU_CLOCK_KEYS, environment_fingerprint, gpu_clocks
+from specbench.gating.clocks import clock_difference
 
 SMI_LINE = "1980, 1980, 2619, 2619, 71.23, 700.00, P0, 34, 0x0000000000000001"
 

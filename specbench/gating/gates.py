@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import math
 
-from specbench.env import clock_difference
+from specbench.gating.clocks import clock_difference
 from specbench.gating.verdicts import (  # noqa: F401 - re-exported: the verdict types are part of this API
     CORRECTNESS_CHECKS, CPU_SPEED_NOT_GATED, FAILING_STATUSES, HIGHER_IS_BETTER, LOWER_IS_BETTER, NOT_MEASURED, NOTEWORTHY_STATUSES, STATUSES, GateReport, MetricCheck, _fmt, skip_summary,
 )
