@@ -72,7 +72,4 @@ def run_ab(config: pytest.Config, case) -> tuple[dict, object]:
     if comparison.errors:
         error = comparison.errors[case.case_id]["error"]
         pytest.fail(f"{case.case_id}: ERROR {error['type']}: {error.get('message', '')}", pytrace=False)
-    last = comparison.pairs[case.case_id][-1][1]
-    ab = {"base": trees["base"].commit, "base_rev": trees["base"].label, "head": trees["head"].commit,
-          "head_dirty": trees["head"].dirty, "rounds": comparison.rounds}
-    return {**last, "details": {**(last.get("details") or {}), "ab": ab}}, comparison.reports[case.case_id]
+    return comparison.recorded(case.case_id), comparison.reports[case.case_id]

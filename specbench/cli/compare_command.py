@@ -163,13 +163,9 @@ def record_history(comparison, directory: str | None) -> Path:
     """Append each case's last head run with its A/B verdict to the results history (details.ab names the base)."""
     from specbench.gating.history import append_results, default_history_dir
 
-    results, reports = [], []
-    for case_id, report in comparison.reports.items():
-        last = comparison.pairs[case_id][-1][1]
-        ab = {"base": comparison.base.commit, "base_rev": comparison.base.label, "head": comparison.head.commit,
-              "head_dirty": comparison.head.dirty, "rounds": comparison.rounds}
-        results.append({**last, "details": {**(last.get("details") or {}), "ab": ab}})
-        reports.append(report)
+    case_ids = list(comparison.reports)
+    results = [comparison.recorded(case_id) for case_id in case_ids]
+    reports = [comparison.reports[case_id] for case_id in case_ids]
     return append_results(directory or default_history_dir(), results, gate_reports=reports)
 
 

@@ -85,10 +85,9 @@ def check_same_cases(base: dict[str, list[dict]], head: dict[str, list[dict]], b
             lines.append(f"{spec}: {base_tree.short} has {sorted(base_cases)}, {head_tree.short} has {sorted(head_cases)}")
             continue
         for name, case in base_cases.items():
-            changes = case_changes(case, head_cases[name])
+            changes = case_changes(case, head_cases[name], labels=(base_tree.short, head_tree.short))
             if changes:
-                lines.append(f"{case.get('suite')}/{name}: " + "; ".join(changes).replace("baseline", base_tree.short)
-                             .replace("now", head_tree.short))
+                lines.append(f"{case.get('suite')}/{name}: " + "; ".join(changes))
     if lines and not allow_case_change:
         raise ABRefused("the case definitions differ between the trees, so their speeds are not comparable: "
                         + " | ".join(lines) + " (pass --allow-case-change to compare anyway)")
@@ -119,7 +118,7 @@ class ProcessRunner:
             raise RunFailed(f"{side} ({tree.short}) run of {spec} exited {done.returncode} without a result: "
                             + " / ".join(tail) + f" (full log: {log})")
         payload = json.loads(output.read_text(encoding="utf-8"))
-        results = payload.get("results", [payload]) if "results" in payload else [payload]
+        results = payload["results"] if "results" in payload else [payload]  # several cases, or one
         for result in results:
             ran = (result.get("env") or {}).get("git_commit")
             if "error" not in result and ran != tree.commit:
@@ -185,6 +184,13 @@ class Comparison:
     @property
     def passed(self) -> bool:
         return not self.errors and all(report.passed for report in self.reports.values())
+
+    def recorded(self, case_id: str) -> dict:
+        """The case's last head run as the history records it: ``details.ab`` names the base, the head, the rounds."""
+        last = self.pairs[case_id][-1][1]
+        ab = {"base": self.base.commit, "base_rev": self.base.label, "head": self.head.commit,
+              "head_dirty": self.head.dirty, "rounds": self.rounds}
+        return {**last, "details": {**(last.get("details") or {}), "ab": ab}}
 
 
 def compare_trees(base: Tree, head: Tree, specs: list[str], *, rounds: int, runner: Runner, env: dict[str, str],

@@ -222,11 +222,12 @@ def _defining(case: dict) -> dict:
     return strict_json.json_safe({k: v for k, v in defining.items() if k not in NON_DEFINING_CASE_KEYS}, FLOAT_SIGNIFICANT_DIGITS)
 
 
-def case_changes(stored_case: dict, case: dict, *, ignore: tuple[str, ...] = ()) -> list[str]:
+def case_changes(stored_case: dict, case: dict, *, ignore: tuple[str, ...] = (),
+                 labels: tuple[str, str] = ("baseline", "now")) -> list[str]:
     """Human-readable differences between two case definitions ([] when they define the same run),
-    leaving out the keys in ``ignore``."""
+    leaving out the keys in ``ignore``; ``labels`` name the two sides."""
     old, new = _defining(stored_case), _defining(case)
-    return [f"{key}: baseline {old.get(key, '<absent>')!r}, now {new.get(key, '<absent>')!r}"
+    return [f"{key}: {labels[0]} {old.get(key, '<absent>')!r}, {labels[1]} {new.get(key, '<absent>')!r}"
             for key in sorted(set(old) | set(new)) if old.get(key) != new.get(key) and key not in ignore]
 
 
