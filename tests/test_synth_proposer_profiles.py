@@ -99,13 +99,22 @@ def test_the_heads_load_through_the_strict_loaders(synth_dir):
     assert draft["vocab_size"] == VOCAB and draft["num_hidden_layers"] == 1
 
 
+def _target(engine: str, synth_dir, target_model):
+    if engine == "eager":
+        return HFTarget(target_model)
+    from specbench.engine.static_target import StaticTarget  # the speed suite's engine, here without CUDA graphs
+
+    return StaticTarget.from_pretrained(str(synth_dir / "target"), dtype=torch.float32, device="cpu")
+
+
+@pytest.mark.parametrize("engine", ["eager", "static"])
 @pytest.mark.parametrize("name", sorted(SETTINGS))
-def test_measured_acceptance_is_the_published_profile(name, synth_dir, target_model, plain_output):
+def test_measured_acceptance_is_the_published_profile(name, engine, synth_dir, target_model, plain_output):
     """Greedy (fp32) through the registered proposer and the engine's verification: the output equals plain
     decoding, and each position's acceptance rate is within 0.02 (absolute) of the profile the proposer was built
     to: the plan's own error (<= 0.01 above) plus the two edge steps of ~100 (<= 0.01)."""
     directory, options = SETTINGS[name]
-    target = HFTarget(target_model)
+    target = _target(engine, synth_dir, target_model)
     proposer = create_proposer(name, target, path=str(synth_dir / directory), **options)
     result = Decoder(target, proposer, GenerationConfig(max_new_tokens=MAX_NEW_TOKENS, ignore_eos=True)).generate(PROMPT)
     assert result.output_token_ids == plain_output
