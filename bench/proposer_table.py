@@ -25,7 +25,8 @@ HEADER = ("case", "proposer", "tok/s", "plain tok/s", "speedup", "decode speedup
 
 
 def _num(value, digits: int) -> str:
-    return "–" if value is None or not isinstance(value, (int, float)) or not math.isfinite(value) else f"{value:.{digits}f}"
+    finite = isinstance(value, (int, float)) and math.isfinite(value)
+    return f"{value:.{digits}f}" if finite else "–"
 
 
 def _proposer(case: dict) -> str:

@@ -82,7 +82,8 @@ def test_the_record_holds_each_profile_and_its_directory(synth_dir, record):
         assert entry["path"] == str(synth_dir / directory) and (synth_dir / directory / "config.json").is_file()
         assert entry["requested_per_position_acceptance"] == list(PROFILES[name])
         assert entry["depth"] == len(PROFILES[name])
-        assert entry["expected_mean_acceptance_length"] == pytest.approx(1 + sum(entry["built_per_position_acceptance"]))
+        built = entry["built_per_position_acceptance"]
+        assert entry["expected_mean_acceptance_length"] == pytest.approx(1 + sum(built))
     assert record["draft_profile"]["shape"] == {**record["shape"], **TINY_DRAFT_SHAPE}
     assert not list(synth_dir.glob(".*"))  # no staging directory or record left behind
 
@@ -116,7 +117,8 @@ def test_measured_acceptance_is_the_published_profile(name, engine, synth_dir, t
     directory, options = SETTINGS[name]
     target = _target(engine, synth_dir, target_model)
     proposer = create_proposer(name, target, path=str(synth_dir / directory), **options)
-    result = Decoder(target, proposer, GenerationConfig(max_new_tokens=MAX_NEW_TOKENS, ignore_eos=True)).generate(PROMPT)
+    config = GenerationConfig(max_new_tokens=MAX_NEW_TOKENS, ignore_eos=True)
+    result = Decoder(target, proposer, config).generate(PROMPT)
     assert result.output_token_ids == plain_output
     counters: SpecCounters = result.counters
     measured, profile = counters.per_position_acceptance_rate, PROFILES[name]
@@ -143,8 +145,8 @@ def test_check_profile_says_why_a_profile_is_refused():
 
 # -- the speed suite's cases over the profile proposers (specbench/cases/speed.toml)
 
-NEW_CASES = {"synth-7b-eagle2-dynamic": ("eagle", "eagle-profile"), "synth-7b-eagle3-chain-k3": ("eagle3", "eagle3-profile"),
-             "synth-7b-draft-k3": ("draft", "draft-profile")}
+NEW_CASES = {"synth-7b-eagle2-dynamic": ("eagle", "eagle-profile"),
+             "synth-7b-eagle3-chain-k3": ("eagle3", "eagle3-profile"), "synth-7b-draft-k3": ("draft", "draft-profile")}
 
 
 @pytest.mark.parametrize("name", sorted(NEW_CASES))

@@ -8,9 +8,9 @@ from __future__ import annotations
 # (specbench/checkpoints/tiny.py), named by prefix so that this module imports neither
 TINY_TARGET_PREFIXES = ("specbench-ref/", "specbench-tiny/")
 LAUNCH_BOUND_WORDS = "launch-bound: host overhead, not the proposer's speed"
-LAUNCH_BOUND_NOTE = ("launch-bound: a tiny reference target on CUDA, whose step is a few hundred microseconds of kernel "
-                     "launches; its speedup measures the host's work per step, not the proposer's speed on a real "
-                     "target (the speed suite's 7B cases measure that; docs/metrics.md#launch-bound-cases)")
+LAUNCH_BOUND_NOTE = ("launch-bound: a tiny reference target on CUDA, whose step is a few hundred microseconds of "
+                     "kernel launches; its speedup measures the host's work per step, not the proposer's speed on a "
+                     "real target (the speed suite's 7B cases measure that; docs/metrics.md#launch-bound-cases)")
 
 
 def launch_bound(case: dict | None) -> bool:

@@ -17,7 +17,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from specbench.zoo.synth_command import MEDUSA_1_VICUNA_7B_TOP1, SHAPES, VICUNA_7B_SHAPE  # noqa: F401 - found here too
 
-from specbench.zoo import synth_proposers as make
+from specbench.zoo import synth_proposers
 from specbench.zoo.acceptance_profiles import (DRAFT_QWEN3_K3, EAGLE2_VICUNA_7B, EAGLE3_LLAMA_31_8B_K3, check_profile,
                                                proposer_profile_record)
 
@@ -190,14 +190,16 @@ def synth_proposer_profiles(out: Path, model: LlamaForCausalLM, order: torch.Ten
     profile of ``profiles`` (keyed eagle, eagle3, draft) along the target's cycle ``order``; their record entries."""
     embed = model.get_input_embeddings().weight.detach()  # (V, H)
     vocab, entries = shape["vocab_size"], {}
-    for key, build, save in (("eagle", make.eagle_profile_head, make.save_eagle_profile),
-                             ("eagle3", make.eagle3_profile_head, make.save_eagle3_profile)):
-        misses = make.ProfileMisses(order, profiles[key], vocab)
+    for key, build, save in (("eagle", synth_proposers.eagle_profile_head, synth_proposers.save_eagle_profile),
+                             ("eagle3", synth_proposers.eagle3_profile_head, synth_proposers.save_eagle3_profile)):
+        misses = synth_proposers.ProfileMisses(order, profiles[key], vocab)
         head = build(embed, DECISIVE_EMBED_STD, shape, misses, dtype=dtype, seed=seed)
-        entries[f"{key}_profile"] = {"path": str(save(out, head)), **proposer_profile_record(profiles[key], order.numel())}
+        record = proposer_profile_record(profiles[key], order.numel())
+        entries[f"{key}_profile"] = {"path": str(save(out, head)), **record}
     draft_name, draft_shape = draft_shape_for(shape_name, shape)
     draft, _ = build_target(shape=draft_shape, dtype=dtype, device=device, seed=seed + 5)
-    make.draft_profile_model(draft, DECISIVE_EMBED_STD, make.ProfileMisses(order, profiles["draft"], vocab))
+    misses = synth_proposers.ProfileMisses(order, profiles["draft"], vocab)
+    synth_proposers.draft_profile_model(draft, DECISIVE_EMBED_STD, misses)
     staging = Path(tempfile.mkdtemp(prefix=".draft-profile.", dir=out))
     draft.save_pretrained(staging)
     entries["draft_profile"] = {"path": str(_publish(staging, out, "draft-profile")), "shape_name": draft_name,

@@ -75,13 +75,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--head-accuracy", type=accuracy_list, default=MEDUSA_1_VICUNA_7B_TOP1, metavar="P1,P2,...",
                         help="per-head top-1 accuracy of the medusa-profile/ heads, the last repeating "
                         "(default: Medusa-1 on Vicuna-7B, " + ",".join(map(str, MEDUSA_1_VICUNA_7B_TOP1)) + ")")
-    for flag, default, what in (("--eagle-acceptance", EAGLE2_VICUNA_7B, "eagle-profile/ (EAGLE-2 on Vicuna-7B)"),
-                                ("--eagle3-acceptance", EAGLE3_LLAMA_31_8B_K3, "eagle3-profile/ (vLLM's EAGLE-3 K=3)"),
-                                ("--draft-acceptance", DRAFT_QWEN3_K3, "draft-profile/ (vLLM's Qwen3 draft K=3)")):
+    for flag, default, directory, source in (
+            ("--eagle-acceptance", EAGLE2_VICUNA_7B, "eagle-profile/", "EAGLE-2 on Vicuna-7B"),
+            ("--eagle3-acceptance", EAGLE3_LLAMA_31_8B_K3, "eagle3-profile/", "vLLM's EAGLE-3 K=3 baseline"),
+            ("--draft-acceptance", DRAFT_QWEN3_K3, "draft-profile/", "vLLM's Qwen3 draft-model reference")):
         parser.add_argument(flag, type=accuracy_list, default=default, metavar="P1,P2,...",
-                            help=f"per-position acceptance the {what.split(' ')[0]} proposer is built to, non-increasing; "
-                            f"its length is the depth it holds at (default: {what.split(' ', 1)[1][1:-1]}, "
-                            + ",".join(map(str, default)) + "; docs/zoo.md#proposer-profiles)")
+                            help=f"per-position acceptance {directory} is built to, non-increasing, as long as the depth "
+                            f"it is drafted at (default: {source}, {','.join(map(str, default))}; "
+                            "docs/zoo.md#proposer-profiles)")
 
 
 def run(args: argparse.Namespace) -> int:

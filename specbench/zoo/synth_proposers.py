@@ -23,7 +23,7 @@ EXCLUDED_ANSWER_WEIGHT = 1.0
 # q = k = QK_SCALE * input_layernorm(embed) per head: a node's score against itself is QK_SCALE^2 * sqrt(head_dim),
 # against an unrelated token QK_SCALE^2 * N(0, 1), so EAGLE-3's attention reads the node's own token
 QK_SCALE = 2.0
-WEIGHT_STD = 0.02  # the matrices a construction leaves at work but unused: Llama's initializer range
+WEIGHT_STD = 0.02  # matrices that still run (and cost) but whose output a zero matrix drops: Llama's initializer range
 
 
 class ProfileMisses:
@@ -59,7 +59,8 @@ class ProfileMisses:
 
 
 def _random(shape, dtype, generator: torch.Generator) -> torch.Tensor:
-    return torch.empty(shape, dtype=torch.float32, device=generator.device).normal_(0.0, WEIGHT_STD, generator=generator).to(dtype)
+    drawn = torch.empty(shape, dtype=torch.float32, device=generator.device)
+    return drawn.normal_(0.0, WEIGHT_STD, generator=generator).to(dtype)
 
 
 def _publish_head(out_dir: Path, name: str, save) -> Path:
@@ -142,7 +143,7 @@ def eagle3_profile_head(embed: torch.Tensor, embed_std: float, shape: dict, miss
         fc = torch.zeros(hidden, 3 * hidden, device=device)  # (H, 3H): one aux stream onto U
         fc[:width, lowest * hidden:(lowest + 1) * hidden] = on_u / embed_std
         head.fc.weight.copy_(fc)
-        # q/k/v read cat(input_layernorm(embed), hidden_norm(hidden)) (2H); key/value head g owns U's dims [g D, (g+1) D)
+        # q/k/v read cat(input_layernorm(embed), hidden_norm(hidden)) (2H); key/value head g owns U's [g D, (g+1) D)
         kv_from_embed = torch.cat([on_u, torch.zeros(width, hidden, device=device)], dim=1)  # (|U|, 2H)
         attn.k_proj.weight.copy_(QK_SCALE * kv_from_embed)
         attn.q_proj.weight.copy_(QK_SCALE * kv_from_embed.view(kv_heads, 1, head_dim, 2 * hidden)
@@ -153,7 +154,8 @@ def eagle3_profile_head(embed: torch.Tensor, embed_std: float, shape: dict, miss
         o_proj = torch.zeros(hidden, heads * head_dim, device=device)  # (H, heads D): one query head per group
         for g in range(kv_heads):
             q = g * group
-            o_proj[g * head_dim:(g + 1) * head_dim, q * head_dim:(q + 1) * head_dim] = torch.eye(head_dim, device=device)
+            rows, columns = slice(g * head_dim, (g + 1) * head_dim), slice(q * head_dim, (q + 1) * head_dim)
+            o_proj[rows, columns] = torch.eye(head_dim, device=device)
         attn.o_proj.weight.copy_(o_proj)
         for linear in (layer.mlp.gate_proj, layer.mlp.up_proj):
             linear.weight.copy_(_random(linear.weight.shape, dtype, generator))
@@ -182,7 +184,7 @@ def draft_profile_model(draft, embed_std: float, misses: ProfileMisses):
 
 
 def save_eagle_profile(out_dir: Path, head: EagleHead, name: str = "eagle-profile") -> Path:
-    """The head as ``out_dir/name``: pytorch_model.bin and config.json, the published EAGLE-1 layout with embed_tokens."""
+    """The head as ``out_dir/name``: pytorch_model.bin and config.json, the published EAGLE-1 layout (embed_tokens in)."""
     return _publish_head(out_dir, name, lambda path: save_eagle_head(path, head, format="bin", with_embed=True))
 
 
