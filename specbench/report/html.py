@@ -163,7 +163,8 @@ def render_html(history, regressions: list[Regression], status: list[StatusRow],
         generated=datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), source=source,
         regressions=regressions, window=WINDOW, metric_labels=METRIC_LABELS, status_rows=status,
         status_metrics=STATUS_METRICS, status_text=STATUS_TEXT, trends=trends, curves=curves or [],
-        launch_bound_words=LAUNCH_BOUND_WORDS, launch_bound_note=LAUNCH_BOUND_NOTE, launch_bound_metrics=LAUNCH_BOUND_METRICS,
+        launch_bound_words=LAUNCH_BOUND_WORDS, launch_bound_note=LAUNCH_BOUND_NOTE,
+        launch_bound_metrics=LAUNCH_BOUND_METRICS,
         env_header=("run", "case", "commit", *ENV_COLUMNS, "gate"),
         env_rows=environment_rows(history), max_env_rows=MAX_ENV_ROWS)
 
