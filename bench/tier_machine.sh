@@ -45,7 +45,7 @@ if [[ $part != a ]]; then  # where a fresh 7B process's half minute goes (A/B ro
     cat "$work/process_phases.txt"
 fi
 if [[ -s "$work/results_speed_cases.jsonl" ]]; then  # #29's proposer table from the speed cases this call ran
-    "$python" bench/proposer_table.py "$work/results_speed_cases.jsonl" --out "$work/speed_7b_proposers.md" || true
+    PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" "$python" bench/proposer_table.py "$work/results_speed_cases.jsonl" --out "$work/speed_7b_proposers.md" || true
 fi
 grep -h -E "^(speed|medusa|ngram|latency|eagle|draft|batch)/|passed|failed|regress" "$work"/large_gpu_*.log \
     >"$out_dir/tier_$part.txt" 2>/dev/null
