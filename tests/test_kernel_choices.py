@@ -70,7 +70,7 @@ def test_install_registers_with_inductors_algorithm_selection(monkeypatch):
         assert cache.feedback_saver_fns.count(kernel_choices._record) == before.count(kernel_choices._record) + 1
         described = kernel_choices.describe()
         assert described["selections"] == [] and set(described["fx_graph_cache"]) == {"hits", "misses"}
-        assert described["note"].startswith("no autotune selection in this process; inductor's FX graph cache served")
+        assert isinstance(described["compiled_matmuls"], list)
     finally:
         cache.feedback_saver_fns[:] = before
 
@@ -119,3 +119,20 @@ def test_a_static_result_carries_the_selections_made_in_its_process(monkeypatch,
     autotune = run_case(Case.from_dict(case), progress=False).to_dict()["details"]["engine"]["autotune"]
     assert [s["chosen"] for s in autotune["selections"]] == ["triton_mm_2 (BLOCK_N=128)"]
     assert autotune["note"].startswith("selections inductor made in this process")
+
+
+@pytest.mark.parametrize("hits, misses, start", [
+    (3, 0, "no autotune selection in this process; inductor's FX graph cache served 3 of its 3 compiled graphs"),
+    (1, 2, "inductor compiled 2 graphs in this process and reported no autotune selection to its hooks"),
+])
+def test_the_note_says_whether_the_graphs_were_compiled_here_or_served(monkeypatch, hits, misses, start):
+    from collections import Counter
+
+    from torch._dynamo.utils import counters
+
+    monkeypatch.setattr(kernel_choices, "_INSTALLED", True)
+    monkeypatch.setitem(counters, "inductor", Counter(fxgraph_cache_hit=hits, fxgraph_cache_miss=misses))
+    described = kernel_choices.describe()
+    assert described["fx_graph_cache"] == {"hits": hits, "misses": misses}
+    assert described["note"].startswith(start)
+    assert described["note"].endswith("compiled_matmuls names the kernels the loaded graphs run, read from their generated code")

@@ -5,12 +5,15 @@ can choose differently, which moves T(1) (docs/ab.md#what-moves-a-speed-figure).
 at lowering (its feedback hook) and, for templates whose choice waits for epilogue fusion, in the scheduler
 (``MultiTemplateBuffer.get_min_choice``); both are recorded. Inductor's caches on disk (``TORCHINDUCTOR_CACHE_DIR``)
 hand a later process the earlier one's compiled code: when its FX graph cache serves a graph, nothing is selected
-in this process, and :func:`describe` gives the cache's hits and misses instead.
+in this process, and :func:`describe` gives the cache's hits and misses instead. In every process it also names
+the matmul kernels the loaded compiled graphs run, read from their generated code (``compiled_matmuls``).
 """
 
 from __future__ import annotations
 
 import math
+
+from specbench.engine.compiled_matmuls import compiled_matmuls
 
 _SELECTIONS: dict[tuple, dict] = {}  # (op, shapes) -> the selection's record, in the order first seen
 _INSTALLED = False
@@ -88,8 +91,8 @@ def selections() -> list[dict]:
 
 
 def describe() -> dict:
-    """The ``autotune`` entry of a result's engine details (docs/ab.md#what-moves-a-speed-figure): the selections
-    and inductor's FX graph cache hits and misses so far in this process."""
+    """The ``autotune`` entry of a result's engine details (docs/ab.md#what-moves-a-speed-figure): the selections,
+    the compiled graphs' matmul kernels and inductor's FX graph cache hits and misses so far in this process."""
     if not _INSTALLED:
         return {"selections": [], "note": "no max-autotuned matmuls in this process"}
     from torch._dynamo.utils import counters
@@ -98,11 +101,15 @@ def describe() -> dict:
     recorded = selections()
     if recorded:
         note = "selections inductor made in this process (benchmarked now, or timings from its autotune cache)"
+    elif cache["misses"]:
+        note = (f"inductor compiled {cache['misses']} graphs in this process and reported no autotune selection to "
+                "its hooks")
     else:
         note = (f"no autotune selection in this process; inductor's FX graph cache served {cache['hits']} of its "
                 f"{cache['hits'] + cache['misses']} compiled graphs (compiled, kernel choices included, by an earlier "
                 "process on this machine)")
-    return {"selections": recorded, "fx_graph_cache": cache, "note": note}
+    note += "; compiled_matmuls names the kernels the loaded graphs run, read from their generated code"
+    return {"selections": recorded, "compiled_matmuls": compiled_matmuls(), "fx_graph_cache": cache, "note": note}
 
 
 def clear() -> None:

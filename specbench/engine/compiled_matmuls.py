@@ -1,0 +1,63 @@
+"""The matmul kernels in this process's compiled graphs, read from inductor's generated code (docs/ab.md).
+
+Inductor writes every compiled graph as a Python module (its "output code") and loads it through its
+``PyCodeCache``, whether it compiled the graph here or its FX graph cache served it from an earlier process. The
+module's ``call`` names the kernel each matmul runs: ``extern_kernels.mm`` (ATen, cuBLAS on a GPU) or a Triton
+template (``triton_tem_*``) whose source carries the block sizes, warps and stages autotuning picked. Reading
+the code therefore records the choice in every process, where inductor's selection hooks fire only in the
+process that benchmarked (``kernel_choices``).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+_SHAPE = re.compile(r"assert_size_stride\((\w+), \(([\d, ]*)\)")
+_EXTERN = re.compile(r"\bextern_kernels\.(\w*mm)\(")
+_TEMPLATE_CALL = re.compile(r"\b(triton_tem_\w+)\.run\(")
+_CONSTEXPR = re.compile(r"\b(BLOCK_\w+|GROUP_M|EVEN_K)\s*:\s*tl\.constexpr\s*=\s*(\w+)")
+_LAUNCH = re.compile(r"\b(num_stages|num_warps)\s*=\s*(\d+)")
+QUOTES = "'" * 3  # what opens and closes a kernel's source in the generated module
+
+
+def _template_config(source: str, name: str) -> str:
+    """``name``'s configuration from its definition in ``source``: its constexpr block sizes, warps and stages."""
+    start = source.find(f"{name} = async_compile.triton(")
+    opening = source.find(QUOTES, start) if start >= 0 else -1
+    closing = source.find(QUOTES, opening + len(QUOTES)) if opening >= 0 else -1
+    if closing < 0:
+        return ""
+    body = source[opening:closing]  # the kernel's source, between its triple quotes
+    settings = dict(_LAUNCH.findall(body)) | dict(_CONSTEXPR.findall(body))
+    return ", ".join(f"{key}={value}" for key, value in sorted(settings.items()))
+
+
+def matmuls_in(source: str) -> dict | None:
+    """One generated module's matmuls: its input shapes and the kernels its ``call`` runs; ``None`` without one."""
+    kernels = [f"aten {op}" for op in dict.fromkeys(_EXTERN.findall(source))]
+    for name in dict.fromkeys(_TEMPLATE_CALL.findall(source)):
+        config = _template_config(source, name)
+        kernels.append(f"{name} ({config})" if config else name)
+    if not kernels:
+        return None
+    shapes = [[int(s) for s in dims.replace(" ", "").split(",") if s] for _, dims in _SHAPE.findall(source)]
+    return {"input_shapes": shapes, "kernels": kernels}
+
+
+def compiled_matmuls() -> list[dict]:
+    """Every distinct (input shapes, kernels) of the generated modules loaded in this process so far."""
+    try:
+        from torch._inductor.codecache import PyCodeCache
+    except ImportError:  # a torch without inductor: nothing compiled
+        return []
+    found: dict[str, dict] = {}
+    for module in list(getattr(PyCodeCache, "modules", [])):
+        path = getattr(module, "__file__", None)
+        try:
+            record = matmuls_in(Path(path).read_text()) if path else None
+        except OSError:  # the cache directory was cleaned under us: the record is best effort
+            continue
+        if record is not None:
+            found.setdefault(repr(record), record)
+    return list(found.values())
