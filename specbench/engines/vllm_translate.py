@@ -111,7 +111,7 @@ def _medusa(directory: Path, out_dir: Path, translation: Translation) -> Path:
               "medusa_fc_bias": True}
     claimed = {"hidden_size": raw.get("hidden_size"), "vocab_size": raw.get("vocab_size"),
                "num_heads": raw.get("num_heads", raw.get("medusa_num_heads")),
-               "medusa_fc_bias": raw.get("medusa_fc_bias", False)}
+               "medusa_fc_bias": raw.get("medusa_fc_bias")}
     defaults = {"hidden_size": 4096, "vocab_size": 32001, "num_heads": 5, "medusa_fc_bias": False}  # vLLM's
     changes = {key: value for key, value in needed.items() if claimed[key] != value}
     if checkpoint.layout == "vllm" and not changes and checkpoint.weights_file.suffix == ".safetensors":
