@@ -17,8 +17,6 @@ from dataclasses import asdict, dataclass, field, fields
 from importlib import resources
 from pathlib import Path
 
-from specbench.engines import EXTERNAL_ENGINES
-
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover
@@ -30,7 +28,8 @@ DTYPE_NAMES = ("float32", "bfloat16", "float16")  # harness.DTYPES, named here w
 # eager: HFTarget over any transformers causal LM (the reference); static: StaticTarget, the Llama family on a
 # preallocated cache with one CUDA graph per verify width (the fast path; docs/engines.md); then the engines under
 # test, each checked against eager (vllm: docs/conformance.md)
-ENGINE_NAMES = ("eager", "static", *EXTERNAL_ENGINES)
+ENGINES_UNDER_TEST = ("vllm",)  # each implemented by specbench/engines/<name>_engine.py
+ENGINE_NAMES = ("eager", "static", *ENGINES_UNDER_TEST)
 DEFAULT_N_SHOT = 1  # what harness.load_prompt_ids uses when a gsm8k case leaves n_shot out
 # a 32-bit seed, as numpy takes: prompt i runs with seed + i, which stays far from torch's signed 64-bit limit
 MAX_SEED = 2**32 - 1

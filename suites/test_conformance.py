@@ -163,11 +163,11 @@ def test_vllm_ngram_latest_match_diverges(tmp_path):
     """vLLM drafts after the earliest occurrence of the longest match; specbench's default (match = "latest") after
     the most recent: the counters differ on the reference prompts (issue #26: 2 of 10 requests), while the case with
     match = "earliest" is exact (conformance.toml). The verdict names the divergence instead of failing."""
-    from specbench.engines.external_run import run_external_case
+    from specbench.harness import run_case
 
     skip_without_vllm()
     case = _case({"name": "ngram", "num_speculative_tokens": 3, "min_n": 1, "max_n": 3}, "ngram-latest-k3")
-    result = run_external_case(case, progress=False).to_dict()
+    result = run_case(case, progress=False).to_dict()
     conformance = result["correctness"]["conformance"]
     assert [d["name"] for d in conformance["known_divergences"]] == ["ngram-match"]
     assert conformance["exact"], conformance["reason"]  # the outputs, still compared, are identical

@@ -1,17 +1,17 @@
 """Engines under test: external inference engines (vLLM first) that run a case behind one interface
 (``specbench.engines.interface``) and return specbench's result shape, with a conformance verdict against
-specbench's own engine (docs/conformance.md). Adding an engine is one module named here."""
+specbench's own engine (docs/conformance.md). Adding an engine is one module, ``<name>_engine.py``, and its name in
+``cases.ENGINES_UNDER_TEST``."""
 
 from __future__ import annotations
 
 from importlib import import_module
 
-# case key ``engine`` -> the module implementing engines.interface for it; imported only when a case uses it
-EXTERNAL_ENGINES = {"vllm": "specbench.engines.vllm_engine"}
+from specbench.cases import ENGINES_UNDER_TEST
 
 
 def engine_module(name: str):
-    """The module of the engine under test called ``name``."""
-    if name not in EXTERNAL_ENGINES:
-        raise ValueError(f"engine {name!r} is not an engine under test; those are: {', '.join(EXTERNAL_ENGINES)}")
-    return import_module(EXTERNAL_ENGINES[name])
+    """The module of the engine under test called ``name`` (imported only when a case uses it)."""
+    if name not in ENGINES_UNDER_TEST:
+        raise ValueError(f"engine {name!r} is not an engine under test; those are: {', '.join(ENGINES_UNDER_TEST)}")
+    return import_module(f"specbench.engines.{name}_engine")

@@ -80,11 +80,10 @@ def reference_case(case: Case) -> Case:
     return Case.from_dict({**case.to_dict(), "engine": REFERENCE_ENGINE})
 
 
-def run_external_case(case: Case, *, progress: bool = True, reference: dict | None = None, loaded=(None, None)):
-    """``case`` on its engine under test, with the conformance verdict against specbench's reference engine
-    (``reference``: that run's result dict, when the caller has it already). Returns a run_parts.RunResult."""
+def run_external_case(case: Case, run_case, *, progress: bool = True, loaded=(None, None)):
+    """``case`` on its engine under test, with the conformance verdict against specbench's reference engine, which
+    ``run_case`` (the harness's) runs after it. Returns a run_parts.RunResult."""
     from specbench.env import environment_fingerprint
-    from specbench.harness import run_case
     from specbench.run_parts import RunResult, lossless_report
 
     if any(part is not None for part in loaded):
@@ -98,8 +97,7 @@ def run_external_case(case: Case, *, progress: bool = True, reference: dict | No
     workdir = Path(tempfile.mkdtemp(prefix=f"specbench-{case.engine}-"))
     run = module.run(case, [ids for _, ids in prompts], workdir, progress)
     shutil.rmtree(workdir, ignore_errors=True)  # kept when the engine failed: its error names the log there
-    if reference is None:
-        reference = run_case(reference_case(case), progress=progress).to_dict()
+    reference = run_case(reference_case(case), progress=progress).to_dict()
     records = [request_record(prompt_id, spec, plain) for (prompt_id, _), spec, plain in zip(prompts, run.spec, run.plain)]
     metrics, repeats = _metrics(run, records)
     greedy = float(case.sampling.get("temperature", 0.0)) == 0.0
