@@ -86,9 +86,11 @@ def _runnable(cases: list[Case], verbose: bool) -> list[Case]:
     """Drop the cases this machine cannot run, saying so: each with -v, else in one line."""
     from specbench.report.status import plural
 
+    from specbench.engines import engine_shortfall
+
     kept, skipped = [], []
     for case in cases:
-        shortfall = hardware_shortfall(case)
+        shortfall = hardware_shortfall(case) or engine_shortfall(case)
         if shortfall:
             skipped.append((case, shortfall))
         else:

@@ -15,3 +15,11 @@ def engine_module(name: str):
     if name not in ENGINES_UNDER_TEST:
         raise ValueError(f"engine {name!r} is not an engine under test; those are: {', '.join(ENGINES_UNDER_TEST)}")
     return import_module(f"specbench.engines.{name}_engine")
+
+
+def engine_shortfall(case) -> str | None:
+    """Why ``case``'s engine under test cannot run here (not installed, the wrong build for its device), or None
+    (also for specbench's own engines)."""
+    if case.engine not in ENGINES_UNDER_TEST:
+        return None
+    return engine_module(case.engine).unavailable(case.device)
