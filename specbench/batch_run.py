@@ -16,6 +16,7 @@ from specbench.engine.batched_target import BatchedStaticTarget
 from specbench.engine.decode import GenerationConfig
 from specbench.engine.static_target import StaticTarget
 from specbench.engine.step_costs import measure_batched_step_costs
+from specbench.engine import kernel_choices
 from specbench.env import environment_fingerprint
 from specbench.gating.curves import curve_name
 from specbench.metrics import aggregate
@@ -158,7 +159,7 @@ def run_batched_case(case: Case, *, progress: bool = True, target=None, tokenize
         "proposer": batched_proposer.describe() if batched_proposer else {"name": "none"}, "prompts": prompt_source,
         "engine": {"name": case.engine, "batched": True, "capture_seconds": target.capture_seconds,
                    "proposer_capture_seconds": capture_seconds(batched_proposer),
-                   "cuda_graphs": target.cuda_graphs},
+                   "cuda_graphs": target.cuda_graphs, "autotune": kernel_choices.describe()},
         "batch": {"batch_size": case.batch_size, "num_steps": stats.num_steps, "num_refills": stats.num_refills,
                   "mean_active_slots": (sum(stats.active_per_step) / len(stats.active_per_step)
                                         if stats.active_per_step else math.nan)},

@@ -11,6 +11,7 @@ from tqdm.auto import tqdm
 from specbench.cases import Case
 from specbench.engine.decode import Decoder, GenerationConfig
 from specbench.engine.step_costs import measure_step_costs
+from specbench.engine import kernel_choices
 from specbench.env import environment_fingerprint
 from specbench.metrics import aggregate
 from specbench.run_parts import RunResult, _request_record, generation_config, load_prompt_ids, lossless_report
@@ -66,6 +67,8 @@ def decode_case(case: Case, target, tokenizer, proposer, *, progress: bool = Tru
     details = {"proposer": proposer.describe() if proposer else {"name": "none"}, "prompts": prompt_source,
                "engine": {"name": case.engine, "capture_seconds": capture_seconds(target),
                           "proposer_capture_seconds": capture_seconds(proposer)}}
+    if case.engine == "static":
+        details["engine"]["autotune"] = kernel_choices.describe()
     created_at = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     return RunResult(case, metrics, records, correctness, env, details, created_at, repeats,
                      measurement_flags(metrics) + window.flags())

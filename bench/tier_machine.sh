@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# One fresh GPU machine's share of the cross-machine check (docs/ab.md, README "Baselines and gates"): every gated
+# GPU suite against the committed baselines, with per-test durations and the machine's facts, packed into one
+# archive per part so that a device call brings it back (a call returns at most 8 files). Stores nothing.
+#   a     reference, synth, eagle and speed-cases stages of bench/gpu_tier.sh (about 7 minutes on an H200)
+#   b     the batch stage, then a cProfile of one fresh speed/synth-7b-plain process (where its setup time goes)
+#   all   a then b (longer than one 10-minute device call)
+# usage: bash bench/tier_machine.sh OUT_DIR [a|b|all]     (from the repository root)
+# Writes OUT_DIR/tier_<part>.tar.gz (the stage logs, results_*.jsonl, junit XML, machine.txt, profile) and
+# OUT_DIR/tier_<part>.txt (the summary lines). Exit status: gpu_tier.sh's (non-zero when any case regressed).
+set -uo pipefail
+out_dir=${1:?usage: bash bench/tier_machine.sh OUT_DIR [a|b|all]}
+part=${2:-all}
+case $part in
+    a) stages=(reference synth eagle speed-cases) ;;
+    b) stages=(batch) ;;
+    all) stages=(reference synth eagle speed-cases batch) ;;
+    *) echo "tier_machine.sh: unknown part '$part' (a, b or all)" >&2; exit 2 ;;
+esac
+work=$(mktemp -d)/tier_$part
+mkdir -p "$work" "$out_dir"
+python=${PYTHON:-python3}
+{
+    date -u +%FT%TZ
+    echo "commit $(git rev-parse HEAD 2>/dev/null) dirty: $(git status --porcelain 2>/dev/null | grep -vc '^??')"
+    nvidia-smi --query-gpu=name,serial,uuid,driver_version,clocks.max.sm,clocks.max.mem,power.limit --format=csv
+    grep -m1 "model name" /proc/cpuinfo
+} >"$work/machine.txt" 2>&1
+cat "$work/machine.txt"
+PYTEST_ADDOPTS="--durations=0 ${PYTEST_ADDOPTS:-}" bash bench/gpu_tier.sh "$work" "${stages[@]}"
+status=$?
+if [[ $part != a ]]; then  # where a fresh 7B process's minute goes (A/B rounds pay it per process)
+    "$python" -m cProfile -o "$work/speed_7b_plain.prof" -m specbench.cli run speed/synth-7b-plain --no-gate \
+        --no-history -q --num-prompts 2 --max-new-tokens 64 --output "$work/profiled_run.json" >"$work/profile.log" 2>&1
+    "$python" -c "import pstats,sys; pstats.Stats(sys.argv[1]).sort_stats('cumulative').print_stats(45)" \
+        "$work/speed_7b_plain.prof" >"$work/profile_top.txt" 2>&1
+fi
+grep -h -E "^(speed|medusa|ngram|latency|eagle|draft|batch)/|passed|failed|regress" "$work"/large_gpu_*.log \
+    >"$out_dir/tier_$part.txt" 2>/dev/null
+tar -czf "$out_dir/tier_$part.tar.gz" -C "$(dirname "$work")" "tier_$part"
+echo "tier_machine.sh: part $part exit status $status; $out_dir/tier_$part.tar.gz"
+exit "$status"

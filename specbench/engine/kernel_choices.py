@@ -1,0 +1,87 @@
+"""The kernels max-autotune chose for the one-row matmuls in this process, recorded in a result's details.
+
+Autotuning benchmarks candidate Triton and ATen kernels per matmul shape and keeps the fastest; two fresh processes
+can choose differently, which moves T(1) (docs/ab.md#what-moves-a-speed-figure). Inductor's caches on disk
+(``TORCHINDUCTOR_CACHE_DIR``) hand a later process the earlier one's choices. A selection is recorded only when
+inductor lowers a matmul in this process (its fresh benchmark or its autotune cache's timings); when the FX graph
+cache serves the whole compiled matmul no selection happens here, and :func:`describe` says so.
+"""
+
+from __future__ import annotations
+
+import math
+
+_SELECTIONS: dict[tuple, dict] = {}  # (op, shapes) -> the selection's record, in the order first seen
+_INSTALLED = False
+
+
+def install() -> None:
+    """Start recording autotune selections in this process (once; later calls do nothing)."""
+    global _INSTALLED
+    if _INSTALLED:
+        return
+    from torch._inductor.select_algorithm import add_feedback_saver
+
+    add_feedback_saver(_record)
+    _INSTALLED = True
+
+
+def _shape(node) -> list:
+    """An inductor input node's size as ints where they are static (strings where symbolic)."""
+    try:
+        return [int(s) if str(s).isdigit() else str(s) for s in node.get_size()]
+    except Exception:  # a node without a size: keep the record, drop the shape
+        return []
+
+
+def _record(timings: dict, name: str, input_nodes: list, choices: list, *_unused) -> None:
+    """Feedback hook of inductor's algorithm selection: keep the winner and the runner-up of one selection."""
+    ranked = sorted(((t, c) for c, t in timings.items() if math.isfinite(t)), key=lambda tc: tc[0])
+    if not ranked:
+        return
+    shapes = [_shape(node) for node in input_nodes]
+    best_time, best = ranked[0]
+    _SELECTIONS[(name, repr(shapes))] = {
+        "op": name,
+        "input_shapes": shapes,
+        "chosen": selection_label(best),
+        "chosen_ms": round(best_time, 5),
+        "runner_up": selection_label(ranked[1][1]) if len(ranked) > 1 else None,
+        "runner_up_ms": round(ranked[1][0], 5) if len(ranked) > 1 else None,
+        "candidates": len(choices),
+    }
+
+
+def selection_label(choice) -> str:
+    """A choice's name with its configuration (block sizes, warps, stages), as inductor describes it."""
+    description = getattr(choice, "description", "") or ""
+    return f"{choice.name} ({description})" if description else str(choice.name)
+
+
+def selections() -> list[dict]:
+    """Every selection recorded in this process so far, one per (op, input shapes)."""
+    return [dict(record) for record in _SELECTIONS.values()]
+
+
+def describe() -> dict:
+    """The ``autotune`` entry of a result's engine details (docs/ab.md#what-moves-a-speed-figure): the selections
+    and inductor's FX graph cache hits and misses so far in this process."""
+    if not _INSTALLED:
+        return {"selections": [], "note": "no max-autotuned matmuls in this process"}
+    from torch._dynamo.utils import counters
+
+    cache = {"hits": int(counters["inductor"]["fxgraph_cache_hit"]), "misses": int(counters["inductor"]["fxgraph_cache_miss"])}
+    recorded = selections()
+    if recorded:
+        note = "selections inductor made in this process (benchmarked now, or timings from its autotune cache)"
+    elif cache["hits"]:
+        note = ("no selection made in this process: inductor's FX graph cache served the compiled matmuls, tuned by "
+                "an earlier process on this machine")
+    else:
+        note = "no selection made in this process: no matmul went through inductor's autotuning"
+    return {"selections": recorded, "fx_graph_cache": cache, "note": note}
+
+
+def clear() -> None:
+    """Forget the recorded selections (tests)."""
+    _SELECTIONS.clear()
