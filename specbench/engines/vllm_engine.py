@@ -159,7 +159,7 @@ def run(case: Case, prompts: list[list[int]], workdir: Path, progress: bool = Tr
     from specbench.engines.vllm_translate import translate
 
     translation = translate(case, workdir)
-    for note in translation.notes if progress else ():
+    for note in translation.notes:  # said even with -q: what vLLM runs is not the checkpoint as given
         print(f"{case.case_id}: vLLM translation: {note}", file=sys.stderr)
     output = execute(job(case, prompts, translation), workdir / "run", case.case_id)
     if "refused" in output:
