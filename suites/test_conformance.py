@@ -174,3 +174,22 @@ def test_vllm_ngram_latest_match_diverges(tmp_path):
     reference = conformance["reference_metrics"]
     assert (result["metrics"]["num_drafts"], result["metrics"]["num_accepted_tokens"]) != (
         reference["num_drafts"], reference["num_accepted_tokens"]), "vLLM now drafts after the latest match"
+
+
+def test_a_head_size_vllms_cpu_attention_refuses_is_one_clear_refusal(tmp_path):
+    """vLLM's CPU attention refuses head_dim 16 deep inside its worker; the driver checks the shapes first, so the
+    case ends with one refusal naming the model, its head size and the sizes vLLM takes, never a worker traceback."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from specbench.engines.interface import EngineRefused
+    from specbench.harness import run_case
+
+    skip_without_vllm()
+    config = LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+                         num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=64)
+    LlamaForCausalLM(config).save_pretrained(tmp_path / "head-dim-16")
+    case = _case({"name": "ngram", "num_speculative_tokens": 2, "match": "earliest"}, "head-dim-16")
+    case.target, case.prompts, case.max_new_tokens = str(tmp_path / "head-dim-16"), {"name": "synthetic", "num_prompts": 1}, 4
+    with pytest.raises(EngineRefused, match=r"vLLM's CPU attention does not take head_dim=16 \(the target .*head-dim-16: "
+                                            r"hidden_size 64 / 4 heads\); it takes head sizes \[32, 64"):
+        run_case(case, progress=False)
