@@ -49,8 +49,8 @@ export SPECBENCH_SYNTH_1B_DIR=${SPECBENCH_SYNTH_1B_DIR:-/tmp/specbench-synth-1b}
 python=${PYTHON:-python3}
 status=0
 
-synthesize() {
-    [[ -f "$SPECBENCH_SYNTH_DIR/synth_record.json" ]] && return 0
+synthesize() {  # again where an older synth wrote no profile EAGLE heads or draft model (docs/zoo.md#proposer-profiles)
+    [[ -f "$SPECBENCH_SYNTH_DIR/synth_record.json" && -d "$SPECBENCH_SYNTH_DIR/draft-profile" ]] && return 0
     "$python" -m specbench.cli zoo synth "$SPECBENCH_SYNTH_DIR" --device cuda 2>&1 | tee "$out_dir/synth.log"
 }
 

@@ -5,8 +5,8 @@ stored-baseline tolerances are set from (README, "Baselines and gates"; docs/ab.
     python bench/machine_spread.py OUT machine1/results_speed_cases.jsonl machine2/... machine3/...
 
 For each case and speed metric: each machine's value, the spread (max / min - 1), the committed baseline, the
-worst relative distance of a machine from it, and the tolerance that gate uses now; a row is marked when a
-machine falls outside it. Writes OUT/machine_spread.json and prints the table.
+worst machine's relative loss against it (positive: worse, in the gate's direction), and the tolerance that gate uses now; a row is marked when a
+machine falls outside a gated metric's tolerance (the table shows gated metrics only unless --all; the JSON has all). Writes OUT/machine_spread.json and prints the table.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from specbench.gating.baselines import BaselineStore  # noqa: E402
-from specbench.gating.gates import SPEED_METRICS, resolve_tolerances  # noqa: E402
+from specbench.gating.gates import DIRECTIONS, HIGHER_IS_BETTER, SPEED_METRICS, _gate_speed, resolve_tolerances  # noqa: E402
 from specbench.report.cli import load_results  # noqa: E402
 
 
@@ -45,11 +45,14 @@ def spread_rows(files: list[Path], store: BaselineStore) -> list[dict]:
             if not values:
                 continue
             stored = (speed.get("metrics") or {}).get(name)
-            worst = max((abs(v / stored - 1) for v in values.values()), default=None) if stored else None
-            rows.append({"case_id": case_id, "metric": name, "machines": values,
+            # the worst machine in the gate's direction: a relative loss, positive when worse than the baseline
+            sign = -1.0 if DIRECTIONS[name] == HIGHER_IS_BETTER else 1.0
+            worst = max((sign * (v / stored - 1) for v in values.values()), default=None) if stored else None
+            gated = _gate_speed(any_result.get("case") or {}, hardware, name)  # as the gate decides it
+            rows.append({"case_id": case_id, "metric": name, "gated": gated, "machines": values,
                          "spread": max(values.values()) / min(values.values()) - 1, "baseline": stored,
                          "worst_from_baseline": worst, "tolerance": tolerances[name],
-                         "outside": worst is not None and worst > tolerances[name]})
+                         "outside": gated and worst is not None and worst > tolerances[name]})
     return rows
 
 
@@ -58,14 +61,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("out", type=Path)
     parser.add_argument("results", nargs="+", type=Path, help="one results file per machine (.jsonl or --output JSON)")
     parser.add_argument("--baselines", type=Path, default=None, help="baseline directory (default: the committed)")
+    parser.add_argument("--all", action="store_true", help="also the metrics the cases do not gate (default: gated only)")
     args = parser.parse_args(argv)
     rows = spread_rows(args.results, BaselineStore(args.baselines) if args.baselines else BaselineStore())
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "machine_spread.json").write_text(json.dumps({"files": [str(p) for p in args.results], "rows": rows},
                                                              indent=2) + "\n", encoding="utf-8")
-    print(f"{'case':48} {'metric':24} {'machines':>8} {'spread':>7} {'from baseline':>13} {'tolerance':>9}")
-    for row in rows:
-        worst = "-" if row["worst_from_baseline"] is None else f"{row['worst_from_baseline'] * 100:.1f}%"
+    print(f"{'case':48} {'metric':24} {'machines':>8} {'spread':>7} {'worst loss':>13} {'tolerance':>9}")
+    for row in (r for r in rows if args.all or r["gated"]):
+        worst = "-" if row["worst_from_baseline"] is None else f"{row['worst_from_baseline'] * 100:+.1f}%"
         print(f"{row['case_id'][:48]:48} {row['metric']:24} {len(row['machines']):8d} {row['spread'] * 100:6.1f}% "
               f"{worst:>13} {row['tolerance'] * 100:8.0f}%{'  OUTSIDE' if row['outside'] else ''}")
     return 0

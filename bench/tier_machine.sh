@@ -2,18 +2,18 @@
 # One fresh GPU machine's share of the cross-machine check (docs/ab.md, README "Baselines and gates"): every gated
 # GPU suite against the committed baselines, with per-test durations and the machine's facts, packed into one
 # archive per part so that a device call brings it back (a call returns at most 8 files). Stores nothing.
-#   a     reference, synth, eagle and speed-cases stages of bench/gpu_tier.sh (about 7 minutes on an H200)
-#   b     the batch stage, then a cProfile of one fresh speed/synth-7b-plain process (where its setup time goes)
+#   a     reference, synth (writes the synthetic 7B and its proposers) and eagle stages of bench/gpu_tier.sh
+#   b     the speed-cases and batch stages, then one fresh speed/synth-7b-plain process timed in phases (where its setup time goes)
 #   all   a then b (longer than one 10-minute device call)
 # usage: bash bench/tier_machine.sh OUT_DIR [a|b|all]     (from the repository root)
-# Writes OUT_DIR/tier_<part>.tar.gz (the stage logs, results_*.jsonl, junit XML, machine.txt, profile) and
+# Writes OUT_DIR/tier_<part>.tar.gz (the stage logs, results_*.jsonl, junit XML, machine.txt, process_phases.txt) and
 # OUT_DIR/tier_<part>.txt (the summary lines). Exit status: gpu_tier.sh's (non-zero when any case regressed).
 set -uo pipefail
 out_dir=${1:?usage: bash bench/tier_machine.sh OUT_DIR [a|b|all]}
 part=${2:-all}
 case $part in
-    a) stages=(reference synth eagle speed-cases) ;;
-    b) stages=(batch) ;;
+    a) stages=(reference synth eagle) ;;
+    b) stages=(speed-cases batch) ;;
     all) stages=(reference synth eagle speed-cases batch) ;;
     *) echo "tier_machine.sh: unknown part '$part' (a, b or all)" >&2; exit 2 ;;
 esac
@@ -29,11 +29,19 @@ python=${PYTHON:-python3}
 cat "$work/machine.txt"
 PYTEST_ADDOPTS="--durations=0 ${PYTEST_ADDOPTS:-}" bash bench/gpu_tier.sh "$work" "${stages[@]}"
 status=$?
-if [[ $part != a ]]; then  # where a fresh 7B process's minute goes (A/B rounds pay it per process)
-    "$python" -m cProfile -o "$work/speed_7b_plain.prof" -m specbench.cli run speed/synth-7b-plain --no-gate \
-        --no-history -q --num-prompts 2 --max-new-tokens 64 --output "$work/profiled_run.json" >"$work/profile.log" 2>&1
-    "$python" -c "import pstats,sys; pstats.Stats(sys.argv[1]).sort_stats('cumulative').print_stats(45)" \
-        "$work/speed_7b_plain.prof" >"$work/profile_top.txt" 2>&1
+if [[ $part != a ]]; then  # where a fresh 7B process's half minute goes (A/B rounds pay it per process)
+    export SPECBENCH_SYNTH_DIR=${SPECBENCH_SYNTH_DIR:-/tmp/specbench-synth-7b}
+    {
+        start=$(date +%s.%N)
+        "$python" -c "import torch, transformers, specbench.cli.run_command; torch.zeros(1, device='cuda')"
+        imported=$(date +%s.%N)
+        "$python" -m specbench.cli run speed/synth-7b-plain --no-gate --no-history -q --num-prompts 2 \
+            --max-new-tokens 64 --output "$work/profiled_run.json"
+        done=$(date +%s.%N)
+        "$python" -c "import sys; a, b, c = map(float, sys.argv[1:]); print(f'imports and CUDA init: {b - a:.1f} s; whole run process: {c - b:.1f} s')" "$start" "$imported" "$done"
+        "$python" -c "import json,sys; e=json.load(open(sys.argv[1]))['details']['engine']; print('capture and compile inside it:', round(e['capture_seconds'], 1), 's')" "$work/profiled_run.json"
+    } >"$work/process_phases.txt" 2>&1
+    cat "$work/process_phases.txt"
 fi
 grep -h -E "^(speed|medusa|ngram|latency|eagle|draft|batch)/|passed|failed|regress" "$work"/large_gpu_*.log \
     >"$out_dir/tier_$part.txt" 2>/dev/null

@@ -382,5 +382,20 @@ def missing_checkpoint(case: Case) -> str | None:
         try:
             resolve_model_dir(expand_ref(ref, key=key))
         except (ModelUnavailable, ReferenceMissing, ValueError) as err:
-            return str(err)
+            return _missing_synth_part(key, ref) or str(err)
     return None
+
+
+_SYNTH_PART = re.compile(r"\$\{?(SPECBENCH_SYNTH\w*_DIR)\}?/([^/]+)$")
+
+
+def _missing_synth_part(key: str, ref: str) -> str | None:
+    """Which command writes a part a set synthetic directory lacks (one written before it had that part), or None."""
+    match = _SYNTH_PART.match(ref)
+    (variable, part), root = match.groups() if match else (None, None), os.environ.get(match.group(1) if match else "")
+    if not root or (Path(root) / part).exists():
+        return None
+    shape = " --shape 1b" if variable == "SPECBENCH_SYNTH_1B_DIR" else ""
+    return (f"case {key} {ref!r}: {Path(root) / part} does not exist ({variable}={root} holds no {part}/, which an "
+            f"older `specbench zoo synth` did not write); run `specbench zoo synth {root}{shape}` again to rewrite "
+            "the directory with it")

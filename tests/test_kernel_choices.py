@@ -70,9 +70,34 @@ def test_install_registers_with_inductors_algorithm_selection(monkeypatch):
         assert cache.feedback_saver_fns.count(kernel_choices._record) == before.count(kernel_choices._record) + 1
         described = kernel_choices.describe()
         assert described["selections"] == [] and set(described["fx_graph_cache"]) == {"hits", "misses"}
-        assert "no selection made in this process" in described["note"]
+        assert described["note"].startswith("no autotune selection in this process; inductor's FX graph cache served")
     finally:
         cache.feedback_saver_fns[:] = before
+
+
+def test_the_schedulers_deferred_template_choice_is_recorded(monkeypatch):
+    from torch._inductor import ir
+
+    fast, slow = _choice("triton_mm_4", "BLOCK_K=128"), _choice("mm")
+
+    class Deferred:  # inductor's MultiTemplateBuffer as the scheduler calls it
+        inputs = [_Node(1, 4096), _Node(4096, 4096)]
+
+        def choice_timings(self, hint_override=None):
+            return {fast: 0.009, slow: 0.012}
+
+        def get_min_choice(self, hint_override=None):
+            timings = self.choice_timings(hint_override)
+            best = min(timings, key=timings.get)
+            return best, timings[best]
+
+    monkeypatch.setattr(ir, "MultiTemplateBuffer", Deferred)
+    kernel_choices._record_deferred_choices()
+    kernel_choices._record_deferred_choices()  # wrapped once
+    assert Deferred().get_min_choice() == (fast, 0.009)  # the scheduler's answer unchanged
+    (record,) = kernel_choices.selections()
+    assert record["op"] == "template" and record["input_shapes"] == [[1, 4096], [4096, 4096]]
+    assert record["chosen"] == "triton_mm_4 (BLOCK_K=128)" and record["runner_up"] == "mm"
 
 
 def test_without_autotuning_the_details_say_so(monkeypatch):

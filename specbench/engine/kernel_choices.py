@@ -1,10 +1,11 @@
 """The kernels max-autotune chose for the one-row matmuls in this process, recorded in a result's details.
 
 Autotuning benchmarks candidate Triton and ATen kernels per matmul shape and keeps the fastest; two fresh processes
-can choose differently, which moves T(1) (docs/ab.md#what-moves-a-speed-figure). Inductor's caches on disk
-(``TORCHINDUCTOR_CACHE_DIR``) hand a later process the earlier one's choices. A selection is recorded only when
-inductor lowers a matmul in this process (its fresh benchmark or its autotune cache's timings); when the FX graph
-cache serves the whole compiled matmul no selection happens here, and :func:`describe` says so.
+can choose differently, which moves T(1) (docs/ab.md#what-moves-a-speed-figure). Inductor selects in two places:
+at lowering (its feedback hook) and, for templates whose choice waits for epilogue fusion, in the scheduler
+(``MultiTemplateBuffer.get_min_choice``); both are recorded. Inductor's caches on disk (``TORCHINDUCTOR_CACHE_DIR``)
+hand a later process the earlier one's compiled code: when its FX graph cache serves a graph, nothing is selected
+in this process, and :func:`describe` gives the cache's hits and misses instead.
 """
 
 from __future__ import annotations
@@ -23,7 +24,27 @@ def install() -> None:
     from torch._inductor.select_algorithm import add_feedback_saver
 
     add_feedback_saver(_record)
+    _record_deferred_choices()
     _INSTALLED = True
+
+
+def _record_deferred_choices() -> None:
+    """Wrap the scheduler's pick of a deferred template (torch without it: nothing to wrap)."""
+    from torch._inductor import ir
+
+    template = getattr(ir, "MultiTemplateBuffer", None)
+    original = getattr(template, "get_min_choice", None)
+    if original is None or getattr(original, "_specbench_recorded", False):
+        return
+
+    def get_min_choice(self, *args, **kwargs):
+        chosen = original(self, *args, **kwargs)
+        timings = self.choice_timings(*args, **kwargs)  # computed once per buffer and hint: read back
+        _record(timings, "template", list(getattr(self, "inputs", []) or []), list(timings))
+        return chosen
+
+    get_min_choice._specbench_recorded = True
+    template.get_min_choice = get_min_choice
 
 
 def _shape(node) -> list:
@@ -74,11 +95,10 @@ def describe() -> dict:
     recorded = selections()
     if recorded:
         note = "selections inductor made in this process (benchmarked now, or timings from its autotune cache)"
-    elif cache["hits"]:
-        note = ("no selection made in this process: inductor's FX graph cache served the compiled matmuls, tuned by "
-                "an earlier process on this machine")
     else:
-        note = "no selection made in this process: no matmul went through inductor's autotuning"
+        note = (f"no autotune selection in this process; inductor's FX graph cache served {cache['hits']} of its "
+                f"{cache['hits'] + cache['misses']} compiled graphs (compiled, kernel choices included, by an earlier "
+                "process on this machine)")
     return {"selections": recorded, "fx_graph_cache": cache, "note": note}
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import re
 
+from specbench.gating.launch_bound import LAUNCH_BOUND_NOTE, LAUNCH_BOUND_WORDS
 from specbench.report.changes import WINDOW, Regression
 from specbench.report.status import METRIC_LABELS, STATUS_METRICS, StatusRow, plural
 
@@ -81,7 +82,9 @@ def render_markdown(history, regressions: list[Regression], status: list[StatusR
               + " | gate |",
               "|---|---|---|" + "---:|" * len(STATUS_METRICS) + "---|"]
     for row in status:
-        cells = [_metric_cell(row.metrics[m], 1 if m == "tokens_per_s" else 3) for m in STATUS_METRICS]
+        cells = [_metric_cell(row.metrics[m], 1 if m == "tokens_per_s" else 3)
+                 + (f" ({LAUNCH_BOUND_WORDS})" if row.launch_bound and m in ("speedup", "tokens_per_s") else "")
+                 for m in STATUS_METRICS]
         gate = row.status.replace("_", " ")
         commit = _code(row.commit[:10]) if row.commit else "–"
         lines.append(f"| {_cell(row.case_id)} | {_cell(row.hardware_class)} | {commit} | "
@@ -90,6 +93,8 @@ def render_markdown(history, regressions: list[Regression], status: list[StatusR
         lines += ["", "<sub>(not gated): measured, but the gate column does not cover it: speed on CPU (too noisy on "
                   "shared machines unless a case sets gate_speed = true) or a metric without a stored baseline."
                   "</sub>"]
+    if any(row.launch_bound for row in status):
+        lines += ["", f"<sub>{_cell(LAUNCH_BOUND_NOTE)}</sub>"]
     failures = [f"- {_cell(row.hardware_class)}: {_cell(f)}" for row in status for f in row.failures]
     if failures:
         lines += ["", "<details><summary>Failing checks</summary>", "", *failures, "", "</details>"]

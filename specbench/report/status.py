@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from specbench.gating.baselines import BaselineError, BaselineStore, compare
 from specbench.gating.history import result_from_row
+from specbench.gating.launch_bound import launch_bound
 
 STATUS_METRICS = ("acceptance_rate", "mean_acceptance_length", "tokens_per_s", "speedup")
 METRIC_LABELS = {"acceptance_rate": "acceptance rate", "mean_acceptance_length": "MAL", "tokens_per_s": "tokens/s",
@@ -53,11 +54,12 @@ class StatusRow:
     per_position_baseline: list[float] | None = None
     note: str = ""
     flags: list[str] = field(default_factory=list)  # the latest run's measurement problems (docs/metrics.md#step-costs)
+    launch_bound: bool = False  # its speed measures the host, not the proposer (docs/metrics.md#launch-bound-cases)
 
     def to_dict(self) -> dict:
         return {"case": self.case_id, "hardware_class": self.hardware_class, "commit": self.commit,
                 "created_at": self.created_at, "status": self.status, "failures": self.failures, "note": self.note,
-                "flags": self.flags,
+                "flags": self.flags, "launch_bound": self.launch_bound,
                 "metrics": {name: m.to_dict() for name, m in self.metrics.items()},
                 "per_position_acceptance_rate": [_finite(v) for v in self.per_position],
                 "per_position_baseline": None if self.per_position_baseline is None
@@ -92,7 +94,8 @@ def status_rows(history, store: BaselineStore | None) -> list[StatusRow]:
         result = result_from_row(latest)
         row = StatusRow(case_id, hardware_class, latest["git_commit"], latest["created_at"].isoformat(), "no_baseline",
                         per_position=list(latest["per_position_acceptance_rate"]),
-                        flags=[flag.get("message", "") for flag in result.get("flags") or []])
+                        flags=[flag.get("message", "") for flag in result.get("flags") or []],
+                        launch_bound=launch_bound(result.get("case")))
         measured = {name: MetricStatus(name, _finite(result["metrics"].get(name)), None, "no_baseline")
                     for name in STATUS_METRICS}
         if store is None:

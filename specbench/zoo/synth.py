@@ -17,6 +17,14 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from specbench.zoo.synth_command import MEDUSA_1_VICUNA_7B_TOP1, SHAPES, VICUNA_7B_SHAPE  # noqa: F401 - found here too
 
+from specbench.zoo import synth_proposers
+from specbench.zoo.acceptance_profiles import (DRAFT_QWEN3_K3, EAGLE2_VICUNA_7B, EAGLE3_LLAMA_31_8B_K3, check_profile,
+                                               proposer_profile_record)
+
+# the draft model beside a target other than the 7B: one small layer on the target's vocabulary (sqrt(64) = 8 keeps
+# the margins decisive, as the tiny target's)
+TINY_DRAFT_SHAPE = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=4,
+                        num_key_value_heads=4, head_dim=16)
 # FasterDecoding/medusa-vicuna-7b-v1.3's config.json, head count wrong as published (docs/checkpoints.md)
 UPSTREAM_MEDUSA_CONFIG = {"medusa_num_heads": 2, "medusa_num_layers": 1, "transformers_version": "4.31.0"}
 # 32 random 7B layers add residual noise of rms ~15 (each adds ~2.5, normalised inputs); 100 dominates it.
@@ -176,13 +184,50 @@ def _resolve_shape(shape: dict | str | None) -> tuple[str, dict]:
     return (named[0] if named else "custom"), full
 
 
+def synth_proposer_profiles(out: Path, model: LlamaForCausalLM, order: torch.Tensor, *, shape_name: str, shape: dict,
+                            profiles: dict[str, tuple[float, ...]], dtype: torch.dtype, device: str, seed: int) -> dict:
+    """``OUT/eagle-profile``, ``OUT/eagle3-profile`` and ``OUT/draft-profile`` (synth_proposers.py), each following its
+    profile of ``profiles`` (keyed eagle, eagle3, draft) along the target's cycle ``order``; their record entries."""
+    embed = model.get_input_embeddings().weight.detach()  # (V, H)
+    vocab, entries = shape["vocab_size"], {}
+    for key, build, save in (("eagle", synth_proposers.eagle_profile_head, synth_proposers.save_eagle_profile),
+                             ("eagle3", synth_proposers.eagle3_profile_head, synth_proposers.save_eagle3_profile)):
+        misses = synth_proposers.ProfileMisses(order, profiles[key], vocab)
+        head = build(embed, DECISIVE_EMBED_STD, shape, misses, dtype=dtype, seed=seed)
+        record = proposer_profile_record(profiles[key], order.numel())
+        entries[f"{key}_profile"] = {"path": str(save(out, head)), **record}
+    draft_name, draft_shape = draft_shape_for(shape_name, shape)
+    draft, _ = build_target(shape=draft_shape, dtype=dtype, device=device, seed=seed + 5)
+    misses = synth_proposers.ProfileMisses(order, profiles["draft"], vocab)
+    synth_proposers.draft_profile_model(draft, DECISIVE_EMBED_STD, misses)
+    staging = Path(tempfile.mkdtemp(prefix=".draft-profile.", dir=out))
+    draft.save_pretrained(staging)
+    entries["draft_profile"] = {"path": str(_publish(staging, out, "draft-profile")), "shape_name": draft_name,
+                                "shape": draft_shape, "num_parameters": sum(p.numel() for p in draft.parameters()),
+                                **proposer_profile_record(profiles["draft"], order.numel())}
+    return entries
+
+
+def draft_shape_for(shape_name: str, shape: dict) -> tuple[str, dict]:
+    """(name, shape) of the draft model for a target: Llama-3.2-1B-like beside the 7B, else a one-layer miniature;
+    always the target's vocabulary."""
+    if shape_name == "7b":
+        return "1b", {**SHAPES["1b"], "vocab_size": shape["vocab_size"]}
+    return "tiny-draft", {**shape, **TINY_DRAFT_SHAPE}
+
+
 def synth(out_dir: str | os.PathLike, *, shape: dict | str | None = None, num_medusa_heads: int = 5,
           dtype: str = "bfloat16", device: str = "cuda", seed: int = 0,
-          head_accuracy=MEDUSA_1_VICUNA_7B_TOP1) -> dict:
-    """Write ``OUT/target``, ``OUT/medusa`` and ``OUT/medusa-profile``; returns a record of what was written."""
+          head_accuracy=MEDUSA_1_VICUNA_7B_TOP1, eagle_acceptance=EAGLE2_VICUNA_7B,
+          eagle3_acceptance=EAGLE3_LLAMA_31_8B_K3, draft_acceptance=DRAFT_QWEN3_K3) -> dict:
+    """Write ``OUT/target``, ``OUT/medusa``, ``OUT/medusa-profile`` and the profile EAGLE-2 and EAGLE-3 heads and
+    draft model; returns a record of what was written (also ``OUT/synth_record.json``, replaced in one rename)."""
     out = Path(out_dir)
     shape_name, shape = _resolve_shape(shape)
     accuracies = head_accuracies(head_accuracy, num_medusa_heads)
+    profiles = {"eagle": check_profile(eagle_acceptance, "--eagle-acceptance"),
+                "eagle3": check_profile(eagle3_acceptance, "--eagle3-acceptance"),
+                "draft": check_profile(draft_acceptance, "--draft-acceptance")}
     out.mkdir(parents=True, exist_ok=True)
     torch_dtype = getattr(torch, dtype)
     started = time.perf_counter()
@@ -192,15 +237,21 @@ def synth(out_dir: str | os.PathLike, *, shape: dict | str | None = None, num_me
                           num_heads=num_medusa_heads, num_layers=1, dtype=torch_dtype, device=device, seed=seed)
     profile = synth_medusa_profile(out, base=str(target), embed=model.get_input_embeddings().weight.detach(),
                                    order=order, accuracies=accuracies, seed=seed)
+    proposers = synth_proposer_profiles(out, model, order, shape_name=shape_name, shape=shape, profiles=profiles,
+                                        dtype=torch_dtype, device=device, seed=seed)
     record = {"target": str(target), "medusa": str(medusa), "medusa_profile": str(profile), "shape_name": shape_name,
               "shape": shape, "num_medusa_heads": num_medusa_heads, **profile_record(accuracies, order.numel()),
-              "dtype": dtype, "seed": seed, "seconds": round(time.perf_counter() - started, 1)}
-    (out / "synth_record.json").write_text(json.dumps(record, indent=2) + "\n")
+              **proposers, "dtype": dtype, "seed": seed, "seconds": round(time.perf_counter() - started, 1)}
+    staging = out / f".synth_record.json.{os.getpid()}.partial"
+    staging.write_text(json.dumps(record, indent=2) + "\n")
+    os.replace(staging, out / "synth_record.json")  # a reader sees the old record or the new one, never half
     return record
 
 
 def run(args: argparse.Namespace) -> int:
     record = synth(args.out_dir, shape=args.shape, num_medusa_heads=args.num_medusa_heads, dtype=args.dtype,
-                   device=args.device, seed=args.seed, head_accuracy=args.head_accuracy)
+                   device=args.device, seed=args.seed, head_accuracy=args.head_accuracy,
+                   eagle_acceptance=args.eagle_acceptance, eagle3_acceptance=args.eagle3_acceptance,
+                   draft_acceptance=args.draft_acceptance)
     print(json.dumps(record, indent=2))
     return 0

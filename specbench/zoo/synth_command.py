@@ -19,11 +19,18 @@ tokens, which are sent to a wrong token instead. So head h's top-1 is right for 
 the lm_head's wide margins; the wrong sets are drawn independently per head, so a chain's position i is
 accepted, given position i - 1 was, with probability p_i (synth_record.json: expected_per_position_acceptance).
 Only top-1 is shaped: a head's lower ranks are noise, so a tree gains nothing over its top-1 path.
+
+``eagle-profile/`` (EAGLE-1/2 layout), ``eagle3-profile/`` (EAGLE-3, SafeAILab layout) and ``draft-profile/`` (a
+decisive Llama-3.2-1B-like draft beside the 7B) continue every token along the target's cycle except a planned set
+of misses, laid along the cycle so that greedy drafting accepts exactly a published per-position profile
+(zoo/synth_proposers.py; docs/zoo.md#proposer-profiles).
 """
 
 from __future__ import annotations
 
 import argparse
+
+from specbench.zoo.acceptance_profiles import DRAFT_QWEN3_K3, EAGLE2_VICUNA_7B, EAGLE3_LLAMA_31_8B_K3
 
 # lmsys/vicuna-7b-v1.3's architecture (Llama-7B)
 VICUNA_7B_SHAPE = dict(
@@ -56,7 +63,8 @@ def accuracy_list(text: str) -> tuple[float, ...]:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("out_dir", help="where target/, medusa/ and medusa-profile/ are written")
+    parser.add_argument("out_dir", help="where target/, medusa/, medusa-profile/, eagle-profile/, eagle3-profile/ and "
+                        "draft-profile/ are written")
     parser.add_argument("--device", default="cuda", help="where the random weights are drawn (cuda is much faster)")
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     parser.add_argument("--seed", type=int, default=0)
@@ -67,6 +75,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--head-accuracy", type=accuracy_list, default=MEDUSA_1_VICUNA_7B_TOP1, metavar="P1,P2,...",
                         help="per-head top-1 accuracy of the medusa-profile/ heads, the last repeating "
                         "(default: Medusa-1 on Vicuna-7B, " + ",".join(map(str, MEDUSA_1_VICUNA_7B_TOP1)) + ")")
+    for flag, default, directory, source in (
+            ("--eagle-acceptance", EAGLE2_VICUNA_7B, "eagle-profile/", "EAGLE-2 on Vicuna-7B"),
+            ("--eagle3-acceptance", EAGLE3_LLAMA_31_8B_K3, "eagle3-profile/", "vLLM's EAGLE-3 K=3 baseline"),
+            ("--draft-acceptance", DRAFT_QWEN3_K3, "draft-profile/", "vLLM's Qwen3 draft-model reference")):
+        parser.add_argument(flag, type=accuracy_list, default=default, metavar="P1,P2,...",
+                            help=f"per-position acceptance {directory} is built to, non-increasing, as long as the depth "
+                            f"it is drafted at (default: {source}, {','.join(map(str, default))}; "
+                            "docs/zoo.md#proposer-profiles)")
 
 
 def run(args: argparse.Namespace) -> int:
