@@ -3,7 +3,8 @@
 # GPU suite against the committed baselines, with per-test durations and the machine's facts, packed into one
 # archive per part so that a device call brings it back (a call returns at most 8 files). Stores nothing.
 #   a     reference, synth (writes the synthetic 7B and its proposers) and eagle stages of bench/gpu_tier.sh
-#   b     the speed-cases and batch stages, then one fresh speed/synth-7b-plain process timed in phases (where its setup time goes)
+#   b     the speed-cases and batch stages, the proposer table of the speed cases (bench/proposer_table.py), then one
+#         fresh speed/synth-7b-plain process timed in phases (where its setup time goes)
 #   all   a then b (longer than one 10-minute device call)
 # usage: bash bench/tier_machine.sh OUT_DIR [a|b|all]     (from the repository root)
 # Writes OUT_DIR/tier_<part>.tar.gz (the stage logs, results_*.jsonl, junit XML, machine.txt, process_phases.txt) and
@@ -42,6 +43,9 @@ if [[ $part != a ]]; then  # where a fresh 7B process's half minute goes (A/B ro
         "$python" -c "import json,sys; e=json.load(open(sys.argv[1]))['details']['engine']; print('capture and compile inside it:', round(e['capture_seconds'], 1), 's')" "$work/profiled_run.json"
     } >"$work/process_phases.txt" 2>&1
     cat "$work/process_phases.txt"
+fi
+if [[ -s "$work/results_speed_cases.jsonl" ]]; then  # #29's proposer table from the speed cases this call ran
+    PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" "$python" bench/proposer_table.py "$work/results_speed_cases.jsonl" --out "$work/speed_7b_proposers.md" || true
 fi
 grep -h -E "^(speed|medusa|ngram|latency|eagle|draft|batch)/|passed|failed|regress" "$work"/large_gpu_*.log \
     >"$out_dir/tier_$part.txt" 2>/dev/null

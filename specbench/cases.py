@@ -392,7 +392,10 @@ _SYNTH_PART = re.compile(r"\$\{?(SPECBENCH_SYNTH\w*_DIR)\}?/([^/]+)$")
 def _missing_synth_part(key: str, ref: str) -> str | None:
     """Which command writes a part a set synthetic directory lacks (one written before it had that part), or None."""
     match = _SYNTH_PART.match(ref)
-    (variable, part), root = match.groups() if match else (None, None), os.environ.get(match.group(1) if match else "")
+    if not match:
+        return None
+    variable, part = match.groups()
+    root = os.environ.get(variable)
     if not root or (Path(root) / part).exists():
         return None
     shape = " --shape 1b" if variable == "SPECBENCH_SYNTH_1B_DIR" else ""

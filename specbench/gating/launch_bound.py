@@ -7,6 +7,7 @@ from __future__ import annotations
 # the shipped tiny targets: the zoo's 6.85 M-parameter reference (specbench/references.py) and the random demo Llama
 # (specbench/checkpoints/tiny.py), named by prefix so that this module imports neither
 TINY_TARGET_PREFIXES = ("specbench-ref/", "specbench-tiny/")
+LAUNCH_BOUND_METRICS = ("speedup", "tokens_per_s")  # the figures that carry the words beside them
 LAUNCH_BOUND_WORDS = "launch-bound: host overhead, not the proposer's speed"
 LAUNCH_BOUND_NOTE = ("launch-bound: a tiny reference target on CUDA, whose step is a few hundred microseconds of "
                      "kernel launches; its speedup measures the host's work per step, not the proposer's speed on a "

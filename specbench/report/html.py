@@ -19,7 +19,7 @@ from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescap
 
 from specbench.atomic_write import write_text_atomic
 from specbench.gating.gates import DIRECTIONS, HIGHER_IS_BETTER
-from specbench.gating.launch_bound import LAUNCH_BOUND_NOTE, LAUNCH_BOUND_WORDS, launch_bound
+from specbench.gating.launch_bound import LAUNCH_BOUND_METRICS, LAUNCH_BOUND_NOTE, LAUNCH_BOUND_WORDS, launch_bound
 from specbench.report.changes import WINDOW, Regression
 from specbench.report.status import METRIC_LABELS, STATUS_METRICS, StatusRow, plural
 from specbench.report.svg import PALETTE, Line, line_chart
@@ -93,7 +93,7 @@ def _trend_charts(case_id: str, runs, labels: list[str], regressions: list[Regre
                 points = [(x, y, f"{hardware_class} @ {_short(c)}: {y:.4g}")
                           for x, y, c in zip(group["_x"], values, group["git_commit"]) if math.isfinite(y)]
                 medians = group.assign(_v=values).dropna(subset=["_v"]).groupby("_x")["_v"].median()
-                label = hardware_class + (f" ({LAUNCH_BOUND_WORDS})" if metric in ("speedup", "tokens_per_s")
+                label = hardware_class + (f" ({LAUNCH_BOUND_WORDS})" if metric in LAUNCH_BOUND_METRICS
                                           and launch_bound(group["case_definition"].iloc[-1]) else "")
                 lines.append(Line(label, colors[hardware_class], points, list(medians.items())))
             markers = [(x_of_commit.get(r.commit, 0), f"{r.hardware_class}: {r.message()}") for r in regressions
@@ -164,6 +164,7 @@ def render_html(history, regressions: list[Regression], status: list[StatusRow],
         regressions=regressions, window=WINDOW, metric_labels=METRIC_LABELS, status_rows=status,
         status_metrics=STATUS_METRICS, status_text=STATUS_TEXT, trends=trends, curves=curves or [],
         launch_bound_words=LAUNCH_BOUND_WORDS, launch_bound_note=LAUNCH_BOUND_NOTE,
+        launch_bound_metrics=LAUNCH_BOUND_METRICS,
         env_header=("run", "case", "commit", *ENV_COLUMNS, "gate"),
         env_rows=environment_rows(history), max_env_rows=MAX_ENV_ROWS)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import re
 
-from specbench.gating.launch_bound import LAUNCH_BOUND_NOTE, LAUNCH_BOUND_WORDS
+from specbench.gating.launch_bound import LAUNCH_BOUND_METRICS, LAUNCH_BOUND_NOTE, LAUNCH_BOUND_WORDS
 from specbench.report.changes import WINDOW, Regression
 from specbench.report.status import METRIC_LABELS, STATUS_METRICS, StatusRow, plural
 
@@ -83,7 +83,7 @@ def render_markdown(history, regressions: list[Regression], status: list[StatusR
               "|---|---|---|" + "---:|" * len(STATUS_METRICS) + "---|"]
     for row in status:
         cells = [_metric_cell(row.metrics[m], 1 if m == "tokens_per_s" else 3)
-                 + (f" ({LAUNCH_BOUND_WORDS})" if row.launch_bound and m in ("speedup", "tokens_per_s") else "")
+                 + (f" ({LAUNCH_BOUND_WORDS})" if row.launch_bound and m in LAUNCH_BOUND_METRICS else "")
                  for m in STATUS_METRICS]
         gate = row.status.replace("_", " ")
         commit = _code(row.commit[:10]) if row.commit else "–"

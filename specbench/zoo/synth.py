@@ -7,7 +7,6 @@ import argparse
 import json
 import math
 import os
-import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -17,7 +16,9 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from specbench.zoo.synth_command import MEDUSA_1_VICUNA_7B_TOP1, SHAPES, VICUNA_7B_SHAPE  # noqa: F401 - found here too
 
+from specbench.atomic_write import write_text_atomic
 from specbench.zoo import synth_proposers
+from specbench.zoo.synth_proposers import publish_directory as _publish
 from specbench.zoo.acceptance_profiles import (DRAFT_QWEN3_K3, EAGLE2_VICUNA_7B, EAGLE3_LLAMA_31_8B_K3, check_profile,
                                                proposer_profile_record)
 
@@ -38,15 +39,6 @@ def _random_(tensor: torch.Tensor, std: float, generator: torch.Generator) -> No
     tensor.normal_(0.0, std, generator=generator)
 
 
-def _publish(staging: Path, out_dir: Path, name: str) -> Path:
-    """Move a finished staging directory to ``out_dir/name``, replacing what was there."""
-    final = out_dir / name
-    if final.exists():
-        shutil.rmtree(final)
-    os.replace(staging, final)
-    return final
-
-
 def build_target(*, shape: dict, dtype: torch.dtype, device: str, seed: int) -> tuple[LlamaForCausalLM, torch.Tensor]:
     """Random Llama weights (std 0.02, Llama's initializer range) made decisive; returns (model, cycle order)."""
     config = LlamaConfig(**shape, tie_word_embeddings=False, bos_token_id=1, eos_token_id=2, dtype=str(dtype).split(".")[1])
@@ -64,16 +56,17 @@ def build_target(*, shape: dict, dtype: torch.dtype, device: str, seed: int) -> 
     return model, order
 
 
-def _save_target(model: LlamaForCausalLM, out_dir: Path) -> Path:
-    staging = Path(tempfile.mkdtemp(prefix=".target.", dir=out_dir))
+def _save_model(model: LlamaForCausalLM, out_dir: Path, name: str = "target") -> Path:
+    """``model`` saved with save_pretrained as ``out_dir/name``, in one rename."""
+    staging = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=out_dir))
     model.save_pretrained(staging)
-    return _publish(staging, out_dir, "target")
+    return _publish(staging, out_dir, name)
 
 
 def synth_target(out_dir: Path, *, shape: dict, dtype: torch.dtype, device: str, seed: int) -> Path:
     """Random decisive Llama weights, saved with save_pretrained as ``out_dir/target``."""
     model, _ = build_target(shape=shape, dtype=dtype, device=device, seed=seed)
-    return _save_target(model, out_dir)
+    return _save_model(model, out_dir)
 
 
 def _make_decisive(model: LlamaForCausalLM, generator: torch.Generator) -> torch.Tensor:
@@ -200,9 +193,7 @@ def synth_proposer_profiles(out: Path, model: LlamaForCausalLM, order: torch.Ten
     draft, _ = build_target(shape=draft_shape, dtype=dtype, device=device, seed=seed + 5)
     misses = synth_proposers.ProfileMisses(order, profiles["draft"], vocab)
     synth_proposers.draft_profile_model(draft, DECISIVE_EMBED_STD, misses)
-    staging = Path(tempfile.mkdtemp(prefix=".draft-profile.", dir=out))
-    draft.save_pretrained(staging)
-    entries["draft_profile"] = {"path": str(_publish(staging, out, "draft-profile")), "shape_name": draft_name,
+    entries["draft_profile"] = {"path": str(_save_model(draft, out, "draft-profile")), "shape_name": draft_name,
                                 "shape": draft_shape, "num_parameters": sum(p.numel() for p in draft.parameters()),
                                 **proposer_profile_record(profiles["draft"], order.numel())}
     return entries
@@ -232,7 +223,7 @@ def synth(out_dir: str | os.PathLike, *, shape: dict | str | None = None, num_me
     torch_dtype = getattr(torch, dtype)
     started = time.perf_counter()
     model, order = build_target(shape=shape, dtype=torch_dtype, device=device, seed=seed)
-    target = _save_target(model, out)
+    target = _save_model(model, out)
     medusa = synth_medusa(out, base=str(target), hidden=shape["hidden_size"], vocab=shape["vocab_size"],
                           num_heads=num_medusa_heads, num_layers=1, dtype=torch_dtype, device=device, seed=seed)
     profile = synth_medusa_profile(out, base=str(target), embed=model.get_input_embeddings().weight.detach(),
@@ -242,9 +233,7 @@ def synth(out_dir: str | os.PathLike, *, shape: dict | str | None = None, num_me
     record = {"target": str(target), "medusa": str(medusa), "medusa_profile": str(profile), "shape_name": shape_name,
               "shape": shape, "num_medusa_heads": num_medusa_heads, **profile_record(accuracies, order.numel()),
               **proposers, "dtype": dtype, "seed": seed, "seconds": round(time.perf_counter() - started, 1)}
-    staging = out / f".synth_record.json.{os.getpid()}.partial"
-    staging.write_text(json.dumps(record, indent=2) + "\n")
-    os.replace(staging, out / "synth_record.json")  # a reader sees the old record or the new one, never half
+    write_text_atomic(out / "synth_record.json", json.dumps(record, indent=2) + "\n")  # the old record or the new
     return record
 
 

@@ -5,6 +5,7 @@ cycle (docs/zoo.md#proposer-profiles)."""
 from __future__ import annotations
 
 import math
+import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -63,19 +64,23 @@ def _random(shape, dtype, generator: torch.Generator) -> torch.Tensor:
     return drawn.normal_(0.0, WEIGHT_STD, generator=generator).to(dtype)
 
 
+def publish_directory(staging: Path, out_dir: Path, name: str) -> Path:
+    """Move a finished staging directory to ``out_dir/name``, replacing what was there."""
+    final = out_dir / name
+    if final.exists():
+        shutil.rmtree(final)
+    os.replace(staging, final)
+    return final
+
+
 def _publish_head(out_dir: Path, name: str, save) -> Path:
     """``save(path)`` writes a head directory into a staging directory inside ``out_dir``; it then replaces
     ``out_dir/name`` in one rename (an earlier one is removed first)."""
     staging = Path(tempfile.mkdtemp(prefix=f".{name}.", suffix=".partial", dir=out_dir))
     try:
-        written = save(staging / name)
-        final = out_dir / name
-        if final.exists():
-            shutil.rmtree(final)
-        written.replace(final)
+        return publish_directory(save(staging / name), out_dir, name)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    return out_dir / name
 
 
 def _head_config(shape: dict) -> dict:
