@@ -26,8 +26,10 @@ DEFAULT_TARGET = "specbench-tiny/random-llama"
 CASES_PACKAGE_DIR = "cases"
 DTYPE_NAMES = ("float32", "bfloat16", "float16")  # harness.DTYPES, named here without importing torch
 # eager: HFTarget over any transformers causal LM (the reference); static: StaticTarget, the Llama family on a
-# preallocated cache with one CUDA graph per verify width (the fast path; docs/engines.md)
-ENGINE_NAMES = ("eager", "static")
+# preallocated cache with one CUDA graph per verify width (the fast path; docs/engines.md); then the engines under
+# test, each checked against eager (vllm: docs/conformance.md)
+ENGINES_UNDER_TEST = ("vllm",)  # each implemented by specbench/engines/<name>_engine.py
+ENGINE_NAMES = ("eager", "static", *ENGINES_UNDER_TEST)
 DEFAULT_N_SHOT = 1  # what harness.load_prompt_ids uses when a gsm8k case leaves n_shot out
 # a 32-bit seed, as numpy takes: prompt i runs with seed + i, which stays far from torch's signed 64-bit limit
 MAX_SEED = 2**32 - 1

@@ -79,7 +79,7 @@ def test_unknown_proposer(tiny_target):
 
 def test_unknown_proposer_option(tiny_target):
     with pytest.raises(ValueError, match=exactly(
-        "proposer 'ngram' does not take option(s) 'tree'; it takes: num_speculative_tokens, min_n, max_n"
+        "proposer 'ngram' does not take option(s) 'tree'; it takes: num_speculative_tokens, min_n, max_n, match"
     )):
         create_proposer("ngram", tiny_target, tree="x.json")
 

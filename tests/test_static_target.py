@@ -339,7 +339,7 @@ def test_engine_key_selects_the_static_target_and_decodes_as_eager():
     fields = ("output_token_ids", "plain_output_token_ids", "num_drafts", "num_accepted_tokens", "accepted_per_position")
     for want, got in zip(eager["requests"], static["requests"]):
         assert {k: got[k] for k in fields} == {k: want[k] for k in fields}
-    with pytest.raises(ValueError, match=r"engine must be one of eager, static, found 'fast'"):
+    with pytest.raises(ValueError, match=r"engine must be one of eager, static, vllm, found 'fast'"):
         Case.from_dict({**base, "engine": "fast"})
 
 

@@ -87,9 +87,11 @@ def _runnable(cases: list[Case], verbose: bool) -> list[Case]:
     """Drop the cases this machine cannot run, saying so: each with -v, else in one line."""
     from specbench.report.status import plural
 
+    from specbench.engines import engine_shortfall
+
     kept, skipped = [], []
     for case in cases:
-        shortfall = hardware_shortfall(case)
+        shortfall = hardware_shortfall(case) or engine_shortfall(case)
         if shortfall:
             skipped.append((case, shortfall))
         else:
@@ -143,12 +145,13 @@ def _run_cases(cases: list[Case], quiet: bool) -> list[dict]:
 def lossless_report(result: dict):
     """A GateReport holding only the lossless check of ``result``: gates.check_correctness, with the tolerances
     resolved from the case (for a run that is not compared with a baseline: --no-gate, or overridden)."""
-    from specbench.gating.gates import GateReport, check_correctness, resolve_tolerances
+    from specbench.gating.gates import GateReport, check_conformance, check_correctness, resolve_tolerances
 
     case = result.get("case") or {}
     check = check_correctness(result, resolve_tolerances(case.get("tolerances"))["min_match_fraction"])
     check.case_id = result["case_id"]
-    return GateReport(result["case_id"], (result.get("env") or {}).get("hardware_class"), checks=[check])
+    checks = [check, *filter(None, [check_conformance(result)])]  # an engine under test's verdict: docs/conformance.md
+    return GateReport(result["case_id"], (result.get("env") or {}).get("hardware_class"), checks=checks)
 
 
 def gate_results(results: list[dict], store, *, gate: bool = True, overridden=()) -> list:
@@ -187,7 +190,7 @@ def _lossless_cell(check) -> str:
 def _predicted_cell(metrics: dict) -> str:
     """The speedup the run's step costs predict for the decode phase (docs/metrics.md#step-costs), '!' past 10% off."""
     predicted = metrics.get("predicted_speedup")
-    if predicted is None:
+    if predicted is None or predicted != predicted:  # NaN: an engine under test exposes no step costs
         return "-"
     error = metrics.get("speedup_prediction_error")
     off = error is not None and math.isfinite(error) and abs(error) > PREDICTION_TOLERANCE

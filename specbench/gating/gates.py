@@ -152,6 +152,21 @@ def check_correctness(result: dict, min_match_fraction: float) -> MetricCheck:
     return verdict("pass", f"at or above {minimum}")
 
 
+def check_conformance(result: dict) -> MetricCheck | None:
+    """An engine under test's conformance verdict (docs/conformance.md), gated like the lossless check: greedy
+    outputs and, where both engines implement the same rule, counters must equal the reference engine's. None for
+    a result of specbench's own engines."""
+    conformance = (result.get("correctness") or {}).get("conformance")
+    if conformance is None:
+        return None
+    status = "skipped" if not conformance.get("checked") else "pass" if conformance.get("exact") else "fail"
+    check = MetricCheck("conformance", HIGHER_IS_BETTER, 1.0, 1.0 if conformance.get("exact") else 0.0, None, status,
+                        f"{conformance['engine']} vs specbench's {conformance['reference_engine']} engine: "
+                        f"{conformance['reason']}")
+    check.case_id = result.get("case_id", "")
+    return check
+
+
 RATIOS_ONLY = ("absolute timings of a launch-bound case follow the host CPU; gated on GPU-bound cases only "
                "(gate_speed = \"ratios\" gates this case's same-run ratios)")
 
@@ -261,4 +276,5 @@ def compare_entry(result: dict, entry: dict | None, *, tolerances: dict | None =
     correctness = check_correctness(result, tol["min_match_fraction"])
     correctness.case_id, correctness.confidence = case_id, confidence
     report.checks.append(correctness)
+    report.checks.extend(filter(None, [check_conformance(result)]))
     return report

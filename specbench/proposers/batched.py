@@ -80,7 +80,8 @@ def for_batch(proposer: Proposer | None, batch_size: int, factory: Callable[[], 
         return BatchedEagleProposer.from_proposer(proposer, batch_size)
     if factory is None and isinstance(proposer, NgramProposer):
         settings = proposer.describe()
-        factory = lambda: NgramProposer(settings["num_speculative_tokens"], settings["min_n"], settings["max_n"])  # noqa: E731
+        factory = lambda: NgramProposer(settings["num_speculative_tokens"], settings["min_n"], settings["max_n"],  # noqa: E731
+                                        settings["match"])
     if factory is None:
         raise ValueError(f"proposer {type(proposer).__name__} keeps per-request state and has no batched form: pass "
                          "factory= (a callable building one per slot) to run it per slot")
