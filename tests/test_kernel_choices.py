@@ -135,4 +135,5 @@ def test_the_note_says_whether_the_graphs_were_compiled_here_or_served(monkeypat
     described = kernel_choices.describe()
     assert described["fx_graph_cache"] == {"hits": hits, "misses": misses}
     assert described["note"].startswith(start)
-    assert described["note"].endswith("compiled_matmuls names the kernels the loaded graphs run, read from their generated code")
+    assert described["note"].endswith("; compiled_matmuls names the kernels the loaded graphs run, read from their "
+                                      "generated code")
