@@ -7,7 +7,8 @@
 #         fresh speed/synth-7b-plain process timed in phases (where its setup time goes)
 #   all   a then b (longer than one 10-minute device call)
 # usage: bash bench/tier_machine.sh OUT_DIR [a|b|all]     (from the repository root)
-# Writes OUT_DIR/tier_<part>.tar.gz (the stage logs, results_*.jsonl, junit XML, machine.txt, process_phases.txt) and
+# Writes OUT_DIR/tier_<part>.tar.gz (the stage logs, results_*.jsonl, junit XML, machine.txt, process_phases.txt,
+# process_profile.txt: the 45 calls of most cumulative time in that process, under cProfile) and
 # OUT_DIR/tier_<part>.txt (the summary lines). Exit status: gpu_tier.sh's (non-zero when any case regressed).
 set -uo pipefail
 out_dir=${1:?usage: bash bench/tier_machine.sh OUT_DIR [a|b|all]}
@@ -43,6 +44,11 @@ if [[ $part != a ]]; then  # where a fresh 7B process's half minute goes (A/B ro
         "$python" -c "import json,sys; e=json.load(open(sys.argv[1]))['details']['engine']; print('capture and compile inside it:', round(e['capture_seconds'], 1), 's')" "$work/profiled_run.json"
     } >"$work/process_phases.txt" 2>&1
     cat "$work/process_phases.txt"
+    # the same process again under cProfile (slower by its overhead): which calls hold the rest of the half minute
+    "$python" -m cProfile -o "$work/process.prof" -m specbench.cli run speed/synth-7b-plain --no-gate --no-history -q \
+        --num-prompts 2 --max-new-tokens 64 >/dev/null 2>&1 &&
+        "$python" -c "import pstats, sys; pstats.Stats(sys.argv[1]).sort_stats('cumulative').print_stats(45)" \
+        "$work/process.prof" >"$work/process_profile.txt" 2>&1
 fi
 if [[ -s "$work/results_speed_cases.jsonl" ]]; then  # #29's proposer table from the speed cases this call ran
     PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" "$python" bench/proposer_table.py "$work/results_speed_cases.jsonl" --out "$work/speed_7b_proposers.md" || true
