@@ -11,7 +11,8 @@ import torch
 
 from specbench import strict_json
 from specbench.atomic_write import write_text_atomic
-from specbench.cases import DTYPE_NAMES, Case, case_source, expand_ref
+from specbench.case_requirements import expand_ref
+from specbench.cases import DTYPE_NAMES, Case, case_source
 from specbench.checkpoints.tiny import BUILTIN_TARGETS
 from specbench.engine.decode import GenerationConfig, GenerationResult
 from specbench.engine.hf_target import HFTarget

@@ -8,7 +8,8 @@ from typing import Callable
 import torch
 
 from specbench.case_loop import decode_case
-from specbench.cases import Case, expand_ref
+from specbench.case_requirements import expand_ref
+from specbench.cases import Case
 from specbench.distributed import (RankContext, RankFailed, TensorParallelCaseError, TorchrunRankFailed,
                                    environment_record, init_from_env, launch)
 from specbench.env import with_distributed

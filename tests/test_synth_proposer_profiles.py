@@ -11,7 +11,8 @@ import math
 import pytest
 import torch
 
-from specbench.cases import expand_ref, find_case, missing_checkpoint
+from specbench.case_requirements import expand_ref, missing_checkpoint
+from specbench.cases import find_case
 from specbench.checkpoints.resolve import load_target_model
 from specbench.cli import main
 from specbench.eagle.checkpoint import load_eagle_head

@@ -7,7 +7,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from specbench.cases import Case, expand_ref
+from specbench.case_requirements import expand_ref
+from specbench.cases import Case
 from specbench.engines.interface import EngineRefused, KnownDivergence, Translation
 
 # specbench proposer -> vLLM speculative method
