@@ -33,20 +33,19 @@ PYTEST_ADDOPTS="--durations=0 ${PYTEST_ADDOPTS:-}" bash bench/gpu_tier.sh "$work
 status=$?
 if [[ $part != a ]]; then  # where a fresh 7B process's half minute goes (A/B rounds pay it per process)
     export SPECBENCH_SYNTH_DIR=${SPECBENCH_SYNTH_DIR:-/tmp/specbench-synth-7b}
+    run_plain=(-m specbench.cli run speed/synth-7b-plain --no-gate --no-history -q --num-prompts 2 --max-new-tokens 64)
     {
         start=$(date +%s.%N)
         "$python" -c "import torch, transformers, specbench.cli.run_command; torch.zeros(1, device='cuda')"
         imported=$(date +%s.%N)
-        "$python" -m specbench.cli run speed/synth-7b-plain --no-gate --no-history -q --num-prompts 2 \
-            --max-new-tokens 64 --output "$work/profiled_run.json"
+        "$python" "${run_plain[@]}" --output "$work/profiled_run.json"
         done=$(date +%s.%N)
         "$python" -c "import sys; a, b, c = map(float, sys.argv[1:]); print(f'imports and CUDA init: {b - a:.1f} s; whole run process: {c - b:.1f} s')" "$start" "$imported" "$done"
         "$python" -c "import json,sys; e=json.load(open(sys.argv[1]))['details']['engine']; print('capture and compile inside it:', round(e['capture_seconds'], 1), 's')" "$work/profiled_run.json"
     } >"$work/process_phases.txt" 2>&1
     cat "$work/process_phases.txt"
     # the same process again under cProfile (slower by its overhead): which calls hold the rest of the half minute
-    "$python" -m cProfile -o "$work/process.prof" -m specbench.cli run speed/synth-7b-plain --no-gate --no-history -q \
-        --num-prompts 2 --max-new-tokens 64 >/dev/null 2>&1 &&
+    "$python" -m cProfile -o "$work/process.prof" "${run_plain[@]}" >/dev/null 2>&1 &&
         "$python" -c "import pstats, sys; pstats.Stats(sys.argv[1]).sort_stats('cumulative').print_stats(45)" \
         "$work/process.prof" >"$work/process_profile.txt" 2>&1
 fi
