@@ -37,8 +37,11 @@ def scratch_repository(directory: Path) -> Path:
             shutil.copytree(source, directory / name, ignore=shutil.ignore_patterns("__pycache__", "results"))
         elif source.is_file():
             shutil.copy2(source, directory / name)
+    # a fixed author and date: the same code gives the same commit in every call, so --runs-root's kept rounds
+    # of one call are reused by the next (specbench compare --runs-dir)
     env = {**os.environ, "GIT_AUTHOR_NAME": "ab-trial", "GIT_AUTHOR_EMAIL": "ab@trial", "GIT_COMMITTER_NAME": "ab-trial",
-           "GIT_COMMITTER_EMAIL": "ab@trial"}
+           "GIT_COMMITTER_EMAIL": "ab@trial", "GIT_AUTHOR_DATE": "2026-01-01T00:00:00Z",
+           "GIT_COMMITTER_DATE": "2026-01-01T00:00:00Z"}
     for command in (["init", "--quiet"], ["add", "-A"], ["commit", "--quiet", "-m", "the tree under trial"]):
         subprocess.run(["git", "-C", str(directory), *command], check=True, env=env)
     return directory
@@ -73,6 +76,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--num-prompts", type=int, default=None)
     parser.add_argument("--max-new-tokens", type=int, default=None)
     parser.add_argument("--scratch", type=Path, default=Path("/tmp/specbench-ab-trial"))
+    parser.add_argument("--runs-root", type=Path, default=None,
+                        help="keep each comparison's finished rounds in RUNS_ROOT/<comparison> (specbench compare "
+                             "--runs-dir): the same call again, on this machine or with the directory carried to "
+                             "another, continues a comparison the time limit cut short")
     args = parser.parse_args(argv)
     started = time.perf_counter()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -96,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
         output = args.out / f"ab_{label}.json"
         command = [sys.executable, "-m", "specbench.cli", "compare", "HEAD", *(args.case or ["speed/synth-7b-plain"]),
                    "--head", "HEAD", "--rounds", str(args.rounds), *settings, *inject, "--output", str(output),
-                   "--no-history"]
+                   "--no-history", *(["--runs-dir", str(args.runs_root.resolve() / label)] if args.runs_root else [])]
         began = time.perf_counter()
         with open(log, "a", encoding="utf-8") as handle:
             handle.write(f"== {label}: {' '.join(command)}\n")

@@ -22,7 +22,18 @@ sys.path.insert(0, str(ROOT))
 
 from specbench.gating.baselines import BaselineStore  # noqa: E402
 from specbench.gating.gates import DIRECTIONS, HIGHER_IS_BETTER, SPEED_METRICS, _gate_speed, resolve_tolerances  # noqa: E402
+from specbench.cases import find_case  # noqa: E402
 from specbench.report.cli import load_results  # noqa: E402
+
+
+def current_case(case_id: str, recorded: dict) -> dict:
+    """The case as the committed case files define it now (its tolerances are what the gate uses today); the
+    newest result's record of it when the files no longer hold it."""
+    try:
+        found = find_case(case_id)
+    except (KeyError, ValueError):
+        found = []
+    return found[0].to_dict() if len(found) == 1 else recorded
 
 
 def spread_rows(files: list[Path], store: BaselineStore) -> list[dict]:
@@ -35,10 +46,11 @@ def spread_rows(files: list[Path], store: BaselineStore) -> list[dict]:
     rows = []
     for case_id, per_machine in sorted(by_case.items()):
         entry = store.entry(case_id)
-        any_result = next(iter(per_machine.values()))
-        hardware = (any_result.get("env") or {}).get("hardware_class")
+        newest = list(per_machine.values())[-1]
+        hardware = (newest.get("env") or {}).get("hardware_class")
         speed = ((entry or {}).get("speed") or {}).get(hardware) or {}
-        tolerances = resolve_tolerances((entry or {}).get("tolerances"), (any_result.get("case") or {}).get("tolerances"))
+        case = current_case(case_id, newest.get("case") or {})
+        tolerances = resolve_tolerances((entry or {}).get("tolerances"), case.get("tolerances"))
         for name in SPEED_METRICS:
             values = {m: r["metrics"].get(name) for m, r in per_machine.items()}
             values = {m: float(v) for m, v in values.items() if isinstance(v, (int, float)) and math.isfinite(v) and v > 0}
@@ -48,7 +60,7 @@ def spread_rows(files: list[Path], store: BaselineStore) -> list[dict]:
             # the worst machine in the gate's direction: a relative loss, positive when worse than the baseline
             sign = -1.0 if DIRECTIONS[name] == HIGHER_IS_BETTER else 1.0
             worst = max((sign * (v / stored - 1) for v in values.values()), default=None) if stored else None
-            gated = _gate_speed(any_result.get("case") or {}, hardware, name)  # as the gate decides it
+            gated = _gate_speed(case, hardware, name)  # as the gate decides it
             rows.append({"case_id": case_id, "metric": name, "gated": gated, "machines": values,
                          "spread": max(values.values()) / min(values.values()) - 1, "baseline": stored,
                          "worst_from_baseline": worst, "tolerance": tolerances[name],

@@ -51,7 +51,7 @@ def scripted_runner(head_speed: float, calls: list):
     """A ProcessRunner stand-in: results of scripted speed, the head at ``head_speed`` times the base."""
 
     class Runner:
-        def __init__(self, run_args, env):
+        def __init__(self, run_args, env, log_dir=None):
             self.run_args, self.env = run_args, env
 
         def __call__(self, tree, side, spec, round_index):
@@ -187,3 +187,32 @@ def test_a_process_running_another_checkout_is_caught(in_scratch, tmp_path):
     fake_tree = Tree("x", "0" * 40, repo)  # the scratch checkout is at c1, not at this commit
     with pytest.raises(ab_runs.RunFailed, match="ran specbench from commit"):
         runner(fake_tree, "head", CASE, 0)
+
+
+def test_a_comparison_cut_short_continues_from_its_runs_dir(in_scratch, capsys, monkeypatch, tmp_path):
+    """--runs-dir keeps finished pairs: a second invocation runs only the rounds missing, a larger --rounds adds
+    rounds, a pair with one side missing runs again whole, and another comparison's directory is refused."""
+    _, (c1, c2, _) = in_scratch
+    runs = tmp_path / "runs"
+    calls = []
+    monkeypatch.setattr(ab_runs, "ProcessRunner", scripted_runner(0.9, calls))
+    argv = ["compare", c1, CASE, "--head", c2, "--runs-dir", str(runs), "--no-history", "-q"]
+    assert main([*argv, "--rounds", "2"]) == 1
+    assert [(side, r) for side, _, _, r, _ in calls] == [("base", 0), ("head", 0), ("head", 1), ("base", 1)]
+    (runs / "round-1-demo_tiny-ngram-k3.json").unlink()  # as if cut short during round 2
+    calls.clear()
+    output = tmp_path / "ab.json"
+    assert main([*argv, "--rounds", "4", "--output", str(output)]) == 1
+    # round 1 runs again whole, rounds 2 and 3 are new, round 0 is kept; the order still alternates by round
+    assert [(side, r) for side, _, _, r, _ in calls] == [("head", 1), ("base", 1), ("base", 2), ("head", 2),
+                                                         ("head", 3), ("base", 3)]
+    (case,) = json.loads(output.read_text(encoding="utf-8"))["cases"]
+    assert [r["round"] for r in case["rounds"]] == [0, 1, 2, 3]
+    tokens = next(c for c in case["report"]["checks"] if c["name"] == "tokens_per_s")
+    assert tokens["status"] == "regression" and tokens["measured"] / tokens["baseline"] == pytest.approx(0.9, abs=0.01)
+    calls.clear()
+    err = refused(capsys, [*argv, "--rounds", "4", "--head-env", "SPECBENCH_INJECT_VERIFY_SLOWDOWN=0.05"])
+    assert f"--runs-dir {runs} holds the rounds of another comparison" in err and "head_env" in err
+    err = refused(capsys, ["compare", c1, CASE, "--head", c1, "--runs-dir", str(runs), "--no-history", "-q"])
+    assert "head_tree" in err  # c1 and c2 hold different files
+    assert calls == []

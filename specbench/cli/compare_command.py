@@ -45,6 +45,12 @@ def add_ab_arguments(parser: argparse.ArgumentParser) -> None:
                              "the bench-only slowdown switch of bench/inject_slowdown/ (repeatable)")
     parser.add_argument("--base-env", action="append", default=[], metavar="NAME=VALUE",
                         help="an environment variable for the base's processes only (repeatable)")
+    parser.add_argument("--runs-dir", metavar="DIR",
+                        help="keep each finished round (both sides' results) and each process's log in DIR (default: a "
+                             "temporary directory); run the same comparison again with the same DIR and the rounds "
+                             "already there are reused, so one cut short (a time limit, a lost machine) continues where "
+                             "it stopped and a larger --rounds adds rounds; refused when DIR holds another comparison's "
+                             "(other tree contents, run settings or --*-env)")
 
 
 def check_rounds(rounds: int) -> None:
@@ -96,12 +102,25 @@ def run_flags(args: argparse.Namespace) -> list[str]:
     return flags
 
 
+def side_overrides(args: argparse.Namespace) -> dict[str, dict[str, str]]:
+    """Per side the variables its --*-env options set."""
+    return {"base": _pairs(args.base_env, "--base-env"), "head": _pairs(args.head_env, "--head-env")}
+
+
 def side_environments(args: argparse.Namespace) -> tuple[dict[str, str], dict[str, dict[str, str]]]:
     """(the environment for reading case definitions, per side the environment of its runs)."""
     from specbench.gating.ab_runs import child_environment
 
-    return child_environment(), {"base": child_environment(_pairs(args.base_env, "--base-env")),
-                                 "head": child_environment(_pairs(args.head_env, "--head-env"))}
+    return child_environment(), {side: child_environment(env) for side, env in side_overrides(args).items()}
+
+
+def kept_rounds(args: argparse.Namespace, base, head):
+    """The --runs-dir store of finished rounds, None without the option (ab_kept refuses another comparison's)."""
+    if not args.runs_dir:
+        return None
+    from specbench.gating.ab_kept import KeptRounds, comparison_identity
+
+    return KeptRounds(args.runs_dir, comparison_identity(base, head, run_flags(args), side_overrides(args)))
 
 
 def _change(check) -> str:
@@ -205,10 +224,12 @@ def cmd_compare(args: argparse.Namespace) -> int:
     trees, base, head = open_trees(repo, args.base, args.head)
     progress = None if args.quiet else (lambda line: print(line, file=sys.stderr, flush=True))
     try:
+        kept = kept_rounds(args, base, head)
+        logs = {"log_dir": kept.directory / "logs"} if kept else {}
         comparison = compare_trees(base, head, args.cases, rounds=args.rounds, env=probe_env,
-                                   runner=ProcessRunner(run_flags(args), envs), tolerances=tolerances,
+                                   runner=ProcessRunner(run_flags(args), envs, **logs), tolerances=tolerances,
                                    confidence=args.confidence, allow_case_change=args.allow_case_change,
-                                   progress=progress)
+                                   progress=progress, kept=kept)
     except RunFailed as err:
         print(f"specbench compare: {err}", file=sys.stderr)
         return 1

@@ -108,6 +108,8 @@ class ProcessRunner:
     def __call__(self, tree: Tree, side: str, spec: str, round_index: int) -> list[dict]:
         stem = f"r{round_index}-{side}-{spec.replace('/', '_')}"
         output, log = self.log_dir / f"{stem}.json", self.log_dir / f"{stem}.log"
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        output.unlink(missing_ok=True)  # a kept directory's earlier, cut-short invocation may have left one
         command = [sys.executable, "-m", "specbench.cli", "run", spec, *self.run_args, "--output", str(output),
                    "--no-gate", "--no-history", "-q"]
         with open(log, "w", encoding="utf-8") as handle:
@@ -143,23 +145,39 @@ def _figures(results: list[dict]) -> str:
     return f" ({'; '.join(parts)})" if parts else ""
 
 
+def _run_pair(base: Tree, head: Tree, spec: str, r: int, rounds: int, runner: Runner,
+              progress: Callable[[str], None] | None) -> dict[str, list[dict]]:
+    """Both sides' results of one case spec in round ``r``, the side going first alternating per round."""
+    order = [("base", base), ("head", head)]
+    if r % 2:
+        order.reverse()
+    by_side = {}
+    for side, tree in order:
+        started = time.perf_counter()
+        by_side[side] = runner(tree, side, spec, r)
+        if progress:
+            progress(f"round {r + 1}/{rounds} {side} ({tree.short}) {spec}: "
+                     f"{time.perf_counter() - started:.1f} s" + _figures(by_side[side]))
+    return by_side
+
+
 def run_rounds(base: Tree, head: Tree, specs: list[str], rounds: int, runner: Runner, *,
-               progress: Callable[[str], None] | None = None) -> dict[str, list[tuple[dict, dict]]]:
+               progress: Callable[[str], None] | None = None, kept=None) -> dict[str, list[tuple[dict, dict]]]:
     """case id -> [(base result, head result) per round], the sides alternating which goes first per round.
-    A case that faults on either side (an error entry) maps to its error entries instead of pairs."""
+    A case that faults on either side (an error entry) maps to its error entries instead of pairs. ``kept``
+    (specbench.gating.ab_kept.KeptRounds): pairs a cut-short invocation finished are reused, new ones kept."""
     pairs: dict[str, list[tuple[dict, dict]]] = {}
     for r in range(rounds):
         for spec in specs:
-            order = [("base", base), ("head", head)]
-            if r % 2:
-                order.reverse()
-            by_side = {}
-            for side, tree in order:
-                started = time.perf_counter()
-                by_side[side] = runner(tree, side, spec, r)
+            by_side = kept.load(r, spec) if kept is not None else None
+            if by_side is not None:
                 if progress:
-                    progress(f"round {r + 1}/{rounds} {side} ({tree.short}) {spec}: "
-                             f"{time.perf_counter() - started:.1f} s" + _figures(by_side[side]))
+                    progress(f"round {r + 1}/{rounds} {spec}: kept from {kept.directory}"
+                             + _figures(by_side["base"] + by_side["head"]))
+            else:
+                by_side = _run_pair(base, head, spec, r, rounds, runner, progress)
+                if kept is not None:
+                    kept.save(r, spec, by_side)
             base_by_id = {result["case_id"]: result for result in by_side["base"]}
             for head_result in by_side["head"]:
                 case_id = head_result["case_id"]
@@ -195,8 +213,9 @@ class Comparison:
 
 def compare_trees(base: Tree, head: Tree, specs: list[str], *, rounds: int, runner: Runner, env: dict[str, str],
                   tolerances: dict | None = None, confidence: float | None = None, allow_case_change: bool = False,
-                  progress: Callable[[str], None] | None = None) -> Comparison:
-    """Check both trees define the cases alike, run the rounds, and judge each case (specbench.gating.ab)."""
+                  progress: Callable[[str], None] | None = None, kept=None) -> Comparison:
+    """Check both trees define the cases alike, run the rounds (reusing ``kept``'s, run_rounds), and judge each
+    case (specbench.gating.ab)."""
     from specbench.gating.ab import AB_CONFIDENCE, MIN_ROUNDS, ab_report
 
     if rounds < MIN_ROUNDS:
@@ -206,7 +225,7 @@ def compare_trees(base: Tree, head: Tree, specs: list[str], *, rounds: int, runn
     if progress:
         progress(f"A/B: base {base.label} ({base.short}) against head {head.label} ({head.short}), {rounds} rounds of "
                  "fresh processes")
-    pairs = run_rounds(base, head, specs, rounds, runner, progress=progress)
+    pairs = run_rounds(base, head, specs, rounds, runner, progress=progress, kept=kept)
     reports, errors = {}, {}
     against = f"{base.label} ({base.short}), A/B over {rounds} rounds"
     for case_id, case_pairs in pairs.items():
