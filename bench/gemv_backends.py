@@ -2,8 +2,8 @@
 
 For the Vicuna-7B shape at verify width W (1 = plain decoding), replays 32 layers x (qkv, o, gate_up,
 down) + lm_head over distinct bf16 weights (13 GB, nothing stays in L2) as one CUDA graph, through
-cuBLAS (``F.linear``, what the static engine runs) and through ``torch.compile`` max-autotune (Triton
-GEMV templates competing with cuBLAS per shape). Prints ms per step and the fraction of the copy-bandwidth
+cuBLAS (``F.linear``) and through ``torch.compile`` max-autotune (at one row a multiply-and-sum reduction tuned by
+coordinate descent, what the static engine runs; wider, Triton mm templates competing with cuBLAS per shape). Prints ms per step and the fraction of the copy-bandwidth
 ceiling (weight bytes / bandwidth), and writes gemv_backends.json.
 
     python bench/gemv_backends.py OUT_DIR [--widths 1,4] [--reps 20]

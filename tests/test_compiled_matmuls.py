@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import torch
 import torch.nn.functional as F
 
@@ -61,3 +63,43 @@ def test_aten_matmuls_of_a_graph_compiled_in_this_process_are_read_back():
     records = compiled_matmuls()
     assert {"input_shapes": [[1, 24], [40, 24]], "kernels": ["aten mm"]} in records
     assert len(records) == len({repr(r) for r in records})  # distinct records only
+
+
+# what inductor writes on a GPU for a one-row linear under coordinate-descent tuning: no mm, a reduction kernel
+ROW_MM_MODULE = """
+triton_red_fused__to_copy_mul_sum_0 = async_compile.triton('triton_red_fused__to_copy_mul_sum_0', '''
+@triton_heuristics.reduction(size_hints={'x': 4096, 'r0_': 4096}, reduction_hint=ReductionHint.INNER)
+def triton_red_fused__to_copy_mul_sum_0(in_ptr0, in_ptr1, out_ptr0, xnumel, r0_numel, XBLOCK, R0_BLOCK):
+''', device_str='cuda')
+
+def call(args):
+    arg0_1, arg1_1 = args
+    assert_size_stride(arg0_1, (1, 4096), (4096, 1))
+    assert_size_stride(arg1_1, (4096, 4096), (4096, 1))
+    triton_red_fused__to_copy_mul_sum_0.run(arg0_1, arg1_1, buf0, 4096, 4096, stream=stream0)
+    return (buf0, )
+"""
+
+
+def _kernel(*configs):
+    return SimpleNamespace(launchers=[SimpleNamespace(config=c) for c in configs])
+
+
+def test_a_one_row_mm_decomposed_to_a_reduction_is_named_with_the_config_tuning_left():
+    tuned = SimpleNamespace(kwargs={"XBLOCK": 1, "R0_BLOCK": 2048}, num_warps=16, num_stages=1)
+    module = SimpleNamespace(triton_red_fused__to_copy_mul_sum_0=_kernel(tuned))
+    assert matmuls_in(ROW_MM_MODULE, module) == {
+        "input_shapes": [[1, 4096], [4096, 4096]],
+        "kernels": ["triton_red_fused__to_copy_mul_sum_0 (one-row mm as multiply + sum: R0_BLOCK=2048, XBLOCK=1, "
+                    "num_stages=1, num_warps=16)"],
+    }
+    # before its first launch the kernel still holds every candidate; without the module only its name is known
+    untuned = SimpleNamespace(triton_red_fused__to_copy_mul_sum_0=_kernel(tuned, tuned))
+    assert matmuls_in(ROW_MM_MODULE, untuned)["kernels"] == [
+        "triton_red_fused__to_copy_mul_sum_0 (one-row mm as multiply + sum: not launched yet)"]
+    assert matmuls_in(ROW_MM_MODULE)["kernels"] == ["triton_red_fused__to_copy_mul_sum_0 (one-row mm as multiply + sum)"]
+
+
+def test_a_norm_reduction_is_not_a_matmul():
+    norm = ROW_MM_MODULE.replace("_to_copy_mul_sum_0", "_to_copy_add_mean_mul_pow_rsqrt_0")
+    assert matmuls_in(norm) is None

@@ -137,3 +137,19 @@ def test_the_note_says_whether_the_graphs_were_compiled_here_or_served(monkeypat
     assert described["note"].startswith(start)
     assert described["note"].endswith("; compiled_matmuls names the kernels the loaded graphs run, read from their "
                                       "generated code")
+
+
+def test_the_note_says_when_one_row_matmuls_ran_as_reductions(monkeypatch):
+    from collections import Counter
+
+    from torch._dynamo.utils import counters
+
+    record = {"input_shapes": [[1, 4096], [4096, 4096]],
+              "kernels": ["triton_red_fused_mul_sum_0 (one-row mm as multiply + sum: R0_BLOCK=2048, num_warps=16)"]}
+    monkeypatch.setattr(kernel_choices, "_INSTALLED", True)
+    monkeypatch.setattr(kernel_choices, "compiled_matmuls", lambda: [record])
+    monkeypatch.setitem(counters, "inductor", Counter(fxgraph_cache_hit=0, fxgraph_cache_miss=5))
+    described = kernel_choices.describe()
+    assert described["compiled_matmuls"] == [record]
+    assert "the one-row matmuls run as multiply + sum reductions (coordinate-descent tuning's decomposition)" in (
+        described["note"])

@@ -2,10 +2,13 @@
 
 Inductor writes every compiled graph as a Python module (its "output code") and loads it through its
 ``PyCodeCache``, whether it compiled the graph here or its FX graph cache served it from an earlier process. The
-module's ``call`` names the kernel each matmul runs: ``extern_kernels.mm`` (ATen, cuBLAS on a GPU) or a Triton
-template (``triton_tem_*``) whose source carries the block sizes, warps and stages autotuning picked. Reading
-the code therefore records the choice in every process, where inductor's selection hooks fire only in the
-process that benchmarked (``kernel_choices``).
+module's ``call`` names the kernel each matmul runs: ``extern_kernels.mm`` (ATen, cuBLAS on a GPU), a Triton
+template (``triton_tem_*``) whose source carries the block sizes, warps and stages autotuning picked, or, for a
+one-row matmul on a GPU compiled with coordinate-descent tuning (which max-autotune mode turns on), no mm at all:
+inductor's decomposition rewrites ``x @ W.T`` with one row as a multiply and a sum, one Triton reduction kernel
+(``triton_*_fused_*mul_sum*``) whose block sizes and warps coordinate descent picks at its first launch, so
+those are read from the loaded kernel's launcher. No template selection happens there, which is why inductor's
+selection hooks (``kernel_choices``) record nothing for these matmuls (docs/ab.md#what-moves-a-speed-figure).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ _EXTERN = re.compile(r"\bextern_kernels\.(\w*mm)\(")
 _TEMPLATE_CALL = re.compile(r"\b(triton_tem_\w+)\.run\(")
 _CONSTEXPR = re.compile(r"\b(BLOCK_\w+|GROUP_M|EVEN_K)\s*:\s*tl\.constexpr\s*=\s*(\w+)")
 _LAUNCH = re.compile(r"\b(num_stages|num_warps)\s*=\s*(\d+)")
+_ROW_MM = re.compile(r"\b(triton_\w*_fused\w*_mul_sum\w*)\.run\(")  # a one-row mm decomposed to multiply + sum
 QUOTES = "'" * 3  # what opens and closes a kernel's source in the generated module
 
 
@@ -33,12 +37,32 @@ def _template_config(source: str, name: str) -> str:
     return ", ".join(f"{key}={value}" for key, value in sorted(settings.items()))
 
 
-def matmuls_in(source: str) -> dict | None:
-    """One generated module's matmuls: its input shapes and the kernels its ``call`` runs; ``None`` without one."""
+def launched_config(kernel) -> str:
+    """A loaded Triton kernel's configuration as tuning left it (its one launcher's block sizes, warps, stages);
+    "not launched yet" while it still holds several candidates, "" for anything else."""
+    launchers = getattr(kernel, "launchers", None)
+    if not isinstance(launchers, list) or not launchers:
+        return ""
+    if len(launchers) > 1:
+        return "not launched yet"
+    config = getattr(launchers[0], "config", None)
+    settings = dict(getattr(config, "kwargs", None) or {})
+    for key in ("num_warps", "num_stages"):
+        if getattr(config, key, None) is not None:
+            settings[key] = getattr(config, key)
+    return ", ".join(f"{key}={value}" for key, value in sorted(settings.items()))
+
+
+def matmuls_in(source: str, module=None) -> dict | None:
+    """One generated module's matmuls: its input shapes and the kernels its ``call`` runs; ``None`` without one.
+    ``module``: the loaded module, whose reduction kernels say the configuration their tuning chose."""
     kernels = [f"aten {op}" for op in dict.fromkeys(_EXTERN.findall(source))]
     for name in dict.fromkeys(_TEMPLATE_CALL.findall(source)):
         config = _template_config(source, name)
         kernels.append(f"{name} ({config})" if config else name)
+    for name in dict.fromkeys(_ROW_MM.findall(source)):
+        config = launched_config(getattr(module, name, None))
+        kernels.append(f"{name} (one-row mm as multiply + sum" + (f": {config})" if config else ")"))
     if not kernels:
         return None
     shapes = [[int(s) for s in dims.replace(" ", "").split(",") if s] for _, dims in _SHAPE.findall(source)]
@@ -55,7 +79,7 @@ def compiled_matmuls() -> list[dict]:
     for module in list(getattr(PyCodeCache, "modules", [])):
         path = getattr(module, "__file__", None)
         try:
-            record = matmuls_in(Path(path).read_text()) if path else None
+            record = matmuls_in(Path(path).read_text(), module) if path else None
         except OSError:  # the cache directory was cleaned under us: the record is best effort
             continue
         if record is not None:

@@ -1,4 +1,4 @@
-"""The kernels max-autotune chose for the one-row matmuls in this process, recorded in a result's details.
+"""The kernels max-autotune mode chose for the one-row matmuls in this process, recorded in a result's details.
 
 Autotuning benchmarks candidate Triton and ATen kernels per matmul shape and keeps the fastest; two fresh processes
 can choose differently, which moves T(1) (docs/ab.md#what-moves-a-speed-figure). Inductor selects in two places:
@@ -6,7 +6,8 @@ at lowering (its feedback hook) and, for templates whose choice waits for epilog
 (``MultiTemplateBuffer.get_min_choice``); both are recorded. Inductor's caches on disk (``TORCHINDUCTOR_CACHE_DIR``)
 hand a later process the earlier one's compiled code: when its FX graph cache serves a graph, nothing is selected
 in this process, and :func:`describe` gives the cache's hits and misses instead. In every process it also names
-the matmul kernels the loaded compiled graphs run, read from their generated code (``compiled_matmuls``).
+the matmul kernels the loaded compiled graphs run, read from their generated code (``compiled_matmuls``): on a
+GPU a one-row matmul is a multiply-and-sum reduction there, which no selection hook sees (docs/ab.md).
 """
 
 from __future__ import annotations
@@ -108,8 +109,12 @@ def describe() -> dict:
         note = (f"no autotune selection in this process; inductor's FX graph cache served {cache['hits']} of its "
                 f"{cache['hits'] + cache['misses']} compiled graphs (compiled, kernel choices included, by an earlier "
                 "process on this machine)")
+    matmuls = compiled_matmuls()
+    if any("multiply + sum" in kernel for record in matmuls for kernel in record["kernels"]):
+        note += ("; the one-row matmuls run as multiply + sum reductions (coordinate-descent tuning's decomposition), "
+                 "which select no mm kernel")
     note += "; compiled_matmuls names the kernels the loaded graphs run, read from their generated code"
-    return {"selections": recorded, "compiled_matmuls": compiled_matmuls(), "fx_graph_cache": cache, "note": note}
+    return {"selections": recorded, "compiled_matmuls": matmuls, "fx_graph_cache": cache, "note": note}
 
 
 def clear() -> None:

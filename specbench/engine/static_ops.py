@@ -101,9 +101,10 @@ def compiled_ops(*, autotune_gemv: bool = False) -> StepOps:
     varies (the verify width; in the batched engine also the attention span), with that dimension symbolic:
     a few compilations per stage, all while the step graphs are captured, before a run is timed.
 
-    ``autotune_gemv`` also routes the one-row matmuls of plain decoding through max-autotune, where Triton
-    GEMV templates compete with cuBLAS for each weight shape (on an H200 they read a 7B step's weights at
-    0.88 of the copy bandwidth against cuBLAS's 0.82: docs/engines.md). Wider verify steps keep cuBLAS,
+    ``autotune_gemv`` also compiles the one-row matmuls of plain decoding in max-autotune mode, whose
+    coordinate-descent tuning makes inductor rewrite each as a multiply-and-sum reduction with tuned block sizes
+    (on an H200 they read a 7B step's weights at 0.88 of the copy bandwidth against cuBLAS's 0.82:
+    docs/engines.md). Wider verify steps keep cuBLAS,
     which autotuning did not beat there; tuning costs ~25 s of capture time per model shape."""
 
     def fused(fn: Callable) -> Callable:
