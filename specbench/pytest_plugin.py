@@ -54,6 +54,7 @@ from specbench import gpu_assignment as gpus_of
 from specbench import pytest_ab
 from specbench import pytest_sharding as sharding
 from specbench.file_lock import locked
+from specbench.gating.launch_bound import LAUNCH_BOUND_NOTE, launch_bound
 
 RESULTS_KEY = pytest.StashKey[list]()
 HISTORY_USED_KEY = pytest.StashKey[set]()
@@ -235,7 +236,7 @@ class _Gatekeeper:
         for name in ("acceptance_rate", "mean_acceptance_length", "tokens_per_s", "speedup"):
             self.node.user_properties.append((f"specbench.{name}", metrics.get(name)))
         self.node.user_properties.append(("specbench.case_id", result["case_id"]))
-        row = {"case_id": result["case_id"], "metrics": metrics}
+        row = {"case_id": result["case_id"], "metrics": metrics, "launch_bound": launch_bound(result.get("case"))}
         if ab_report is None and config.getoption("--specbench-update-baselines"):
             self._record_history(result, None)  # a run, whatever becomes of it; no gate outcome to store
             command = "pytest --specbench-update-baselines " + shlex.join(config.invocation_params.args)
@@ -342,11 +343,13 @@ def _write_case_table(terminalreporter, config: pytest.Config, rows: list[dict])
         terminalreporter.write_line(
             f"{row['case_id']:40} {row['status']:8} {fmt(m.get('acceptance_rate'), '7.3f')} "
             f"{fmt(m.get('mean_acceptance_length'), '6.2f')} {fmt(m.get('tokens_per_s'), '8.1f')} "
-            f"{fmt(m.get('speedup'), '7.2f')}x"
+            f"{fmt(m.get('speedup'), '7.2f')}x" + (" launch-bound" if row.get("launch_bound") else "")
         )
         for detail_line in (row.get("detail") or "").splitlines():
             if detail_line.strip() and row["status"] != "pass":
                 terminalreporter.write_line(f"    {detail_line}")
+    if any(row.get("launch_bound") for row in rows):
+        terminalreporter.write_line(LAUNCH_BOUND_NOTE)
     for directory in sorted(config.stash.get(HISTORY_USED_KEY, ())):
         terminalreporter.write_line(f"recorded in the results history {directory} (`specbench report` shows it; "
                                     "--specbench-no-history records nothing)")

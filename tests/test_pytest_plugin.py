@@ -344,3 +344,16 @@ def test_unset_synth_dir_skips_with_the_variable_to_set(monkeypatch):
     (case,) = find_case("medusa/synth-7b-chain-k3-fp32")
     with pytest.raises(pytest.skip.Exception, match="SPECBENCH_SYNTH_DIR, which is not set.*specbench zoo synth"):
         skip_unless_available(case)
+
+
+def test_a_launch_bound_case_says_so_beside_its_speedup(pytester, tests_dir):
+    """A tiny reference target on CUDA: the summary table marks its speedup and adds the note; a CPU run is not."""
+    pytester.makepyfile(test_gated=GATED_TEST.format(tests_dir=str(tests_dir), seed=0, scale=1.0).replace(
+        "specbench_gate(make_result(seed=0, accept_scale=1.0))",
+        "result = make_result(seed=0)\n    result['case']['device'] = 'cuda'\n    specbench_gate(result)"))
+    result = pytester.runpytest("--specbench-baselines", str(pytester.path / "baselines"), *UPDATE)
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["medusa/medusa-chain-k3*x launch-bound", "launch-bound: a tiny reference target on CUDA*"])
+    gated(pytester, tests_dir)
+    result = pytester.runpytest("--specbench-baselines", str(pytester.path / "baselines2"), *UPDATE)
+    assert "launch-bound" not in result.stdout.str()
