@@ -39,7 +39,9 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from _slowdown import Slowed, Spin, calibrate_cuda_sleep  # noqa: E402
 from specbench import strict_json  # noqa: E402
 from specbench.atomic_write import write_text_atomic  # noqa: E402
 from specbench.case_requirements import expand_ref, missing_checkpoint, unmet_requirements  # noqa: E402
@@ -55,9 +57,6 @@ PLACES = ("verify", "proposer")
 KEY_METRICS = ("tokens_per_s", "plain_tokens_per_s", "speedup", "decode_speedup", "per_token_latency_s",
                "time_to_first_token_s", "verify_cost_ratio", "draft_cost_ratio", "predicted_speedup",
                "mean_acceptance_length", "acceptance_rate")
-CALIBRATION_CYCLES = 50_000_000  # tens of milliseconds of _sleep on any recent GPU
-
-
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("out_dir")
@@ -82,55 +81,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     if any(not 0 < f < 10 for f in args.slowdowns) or args.runs < 0:
         parser.error("--slowdowns must be fractions > 0 (and < 10); --runs must be >= 0")
     return args
-
-
-def calibrate_cuda_sleep(trials: int = 3) -> float:
-    """GPU cycles per second of ``torch.cuda._sleep``: the fastest of ``trials`` timed sleeps."""
-    torch.cuda._sleep(1000)  # first launch out of the timing
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(trials):
-        start = time.perf_counter()
-        torch.cuda._sleep(CALIBRATION_CYCLES)
-        torch.cuda.synchronize()
-        times.append(time.perf_counter() - start)
-    return CALIBRATION_CYCLES / min(times)
-
-
-class Spin:
-    """``seconds`` of extra work per call: a GPU spin on the current stream (CUDA), else a host busy-wait."""
-
-    def __init__(self, device: str, seconds: float, cycles_per_s: float | None):
-        self.seconds = seconds
-        self.cycles = int(seconds * cycles_per_s) if device.startswith("cuda") and cycles_per_s else None
-
-    def __call__(self) -> None:
-        if self.cycles is not None:
-            torch.cuda._sleep(self.cycles)  # queued after the call's kernels; the next sync waits for it
-            return
-        end = time.perf_counter() + self.seconds
-        while time.perf_counter() < end:
-            pass
-
-
-class Slowed:
-    """``inner`` with every attribute delegated, and ``spin`` after each call of its method ``method``
-    (the target's ``verify`` or the proposer's ``propose``)."""
-
-    def __init__(self, inner, method: str, spin: Spin):
-        self._inner, self._method, self._spin = inner, method, spin
-
-    def __getattr__(self, name):
-        attr = getattr(self._inner, name)
-        if name != self._method:
-            return attr
-
-        def slowed(*args, **kwargs):
-            out = attr(*args, **kwargs)
-            self._spin()
-            return out
-
-        return slowed
 
 
 def graphs_off_target(case):
