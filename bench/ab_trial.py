@@ -68,7 +68,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--case", action="append", default=None, help="a case to compare (repeatable; default "
                         "speed/synth-7b-plain)")
     parser.add_argument("--plan", default="unchanged,0.10,0.05,unchanged,unchanged,unchanged,unchanged",
-                        help="comparisons in order: 'unchanged', or the head's injected verify slowdown as a fraction")
+                        help="comparisons in order: 'unchanged', or the head's injected verify slowdown as a fraction; "
+                             "ITEM@R gives that comparison R rounds instead of --rounds (e.g. 0.05@10)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--budget-s", type=float, default=480.0, help="start no comparison that the last one's "
                         "duration says would end past this many seconds")
@@ -97,12 +98,14 @@ def main(argv: list[str] | None = None) -> int:
         if time.perf_counter() - started + last_duration > args.budget_s:
             print(f"budget: stopping before comparison {i} ({item})", flush=True)
             break
-        label = f"{i}-{item}"
+        item, _, item_rounds = item.partition("@")
+        rounds = int(item_rounds) if item_rounds else args.rounds
+        label = f"{i}-{item}" + (f"-r{rounds}" if item_rounds else "")  # a file name the device hands back
         inject = [] if item == "unchanged" else ["--head-env", f"PYTHONPATH={repo / 'bench' / 'inject_slowdown'}",
                                                  "--head-env", f"SPECBENCH_INJECT_VERIFY_SLOWDOWN={float(item)}"]
         output = args.out / f"ab_{label}.json"
         command = [sys.executable, "-m", "specbench.cli", "compare", "HEAD", *(args.case or ["speed/synth-7b-plain"]),
-                   "--head", "HEAD", "--rounds", str(args.rounds), *settings, *inject, "--output", str(output),
+                   "--head", "HEAD", "--rounds", str(rounds), *settings, *inject, "--output", str(output),
                    "--no-history", *(["--runs-dir", str(args.runs_root.resolve() / label)] if args.runs_root else [])]
         began = time.perf_counter()
         with open(log, "a", encoding="utf-8") as handle:

@@ -32,15 +32,16 @@ def test_trial_writes_one_row_per_case_and_metric(tmp_path):
 def test_a_second_call_reuses_the_rounds_kept_under_runs_root(tmp_path):
     """The scratch commit is the same in every call, so --runs-root's rounds are the same comparison's."""
     trial = load_bench_script("ab_trial")
-    argv = ["--case", "demo/tiny-ngram-k3", "--plan", "unchanged", "--rounds", "2", "--num-prompts", "1",
+    # ITEM@R: this comparison's rounds, whatever --rounds says
+    argv = ["--case", "demo/tiny-ngram-k3", "--plan", "unchanged@2", "--rounds", "3", "--num-prompts", "1",
             "--max-new-tokens", "4", "--scratch", str(tmp_path / "scratch"), "--runs-root", str(tmp_path / "runs")]
     assert trial.main([str(tmp_path / "first"), *argv]) == 0
-    assert sorted(p.name for p in (tmp_path / "runs" / "0-unchanged").glob("round-*.json")) == [
+    assert sorted(p.name for p in (tmp_path / "runs" / "0-unchanged-r2").glob("round-*.json")) == [
         "round-0-demo_tiny-ngram-k3.json", "round-1-demo_tiny-ngram-k3.json"]
     assert trial.main([str(tmp_path / "second"), *argv]) == 0
     log = (tmp_path / "second" / "ab_trial.log").read_text(encoding="utf-8")
     assert log.count("kept from") == 2 and " base (" not in log  # no process ran
-    first, second = (json.loads((tmp_path / d / "ab_0-unchanged.json").read_text())["cases"] for d in ("first", "second"))
+    first, second = (json.loads((tmp_path / d / "ab_0-unchanged-r2.json").read_text())["cases"] for d in ("first", "second"))
     assert first[0]["rounds"] == second[0]["rounds"]
 
 
