@@ -1,0 +1,187 @@
+"""How much of plain decoding's time per token is host work between graph replays, and what several decode steps
+per graph replay would give: the figures that pick the technique for plain decoding at 0.80 of the copy-bandwidth
+ceiling (docs/engines.md). Bench-only: the engine's code is not changed.
+
+One prompt, N new tokens, greedy, one process, on the static engine's target; each mode after a warm-up pass:
+  loop      the engine's decode loop (Decoder without a proposer): what plain decoding runs today
+  verify    target.verify, a host read of the argmax and commit per token: the loop without its bookkeeping
+  chained   the plain step's graph replayed back to back, the next token fed on the device (argmax into the step's
+            input, the cache length advanced on the device): no host read between steps
+  steps-K   K such steps captured as one CUDA graph, replayed N / K times (CUDA only)
+Each mode's tokens are compared with the loop's (the same greedy continuation). Prints ms per token (decode steps
+after the first token) and the fraction of the ceiling (weight bytes / copy bandwidth), writes OUT/plain_headroom.json.
+
+    python bench/plain_headroom.py OUT --synth-dir SYNTH_DIR [--new-tokens 128] [--steps 4,8]
+    python bench/plain_headroom.py OUT --tiny --device cpu --new-tokens 16          # CPU smoke test
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _bench_target import add_target_arguments, load_target  # noqa: E402
+from _phase_clock import sync  # noqa: E402
+from speed_7b import copy_bandwidth  # noqa: E402
+
+from specbench.atomic_write import write_text_atomic  # noqa: E402
+from specbench.engine.decode import Decoder, GenerationConfig  # noqa: E402
+
+
+def loop_mode(target, prompt: torch.Tensor, n: int) -> tuple[list[int], float]:
+    """(tokens, seconds per decode step) of the engine's own plain decoding."""
+    result = Decoder(target, None, GenerationConfig(max_new_tokens=n, ignore_eos=True)).generate(prompt)
+    return list(result.output_token_ids), result.timing.per_token_latency_s
+
+
+def _start(target, prompt: torch.Tensor, n: int) -> int:
+    """Prefill ``prompt`` into a cache with room for ``n`` more tokens; the first output token."""
+    target.reserve(prompt.numel() + n + 1, 0)
+    target.prepare_steps()
+    return int(target.prefill(prompt).logits[-1].argmax())
+
+
+def verify_mode(target, prompt: torch.Tensor, n: int) -> tuple[list[int], float]:
+    """Per token: verify the last token, read its argmax on the host, commit."""
+    tokens = [_start(target, prompt, n)]
+    ids = torch.zeros(1, dtype=torch.long, device=target.device)  # (1,) the step's input
+    depths = torch.zeros(1, dtype=torch.long, device=target.device)  # (1,) plain: no offset
+    sync(target.device)
+    start = time.perf_counter()
+    for _ in range(n - 1):
+        ids.fill_(tokens[-1])
+        tokens.append(int(target.verify(ids, depths, None).logits[0].argmax()))
+        target.commit([0], num_verified=1)
+    sync(target.device)
+    return tokens, (time.perf_counter() - start) / (n - 1)
+
+
+class DeviceSteps:
+    """Plain decoding steps that feed themselves on the device: the step's input buffer takes its own argmax, the
+    cache's device length advances, each token lands in ``out`` at a device-side counter."""
+
+    def __init__(self, target, n: int):
+        self.target = target
+        self.buffers = target._buffers["plain"]  # the plain kind's static inputs (a verify allocated them)
+        self.out = torch.zeros(n, dtype=torch.long, device=target.device)  # (N,)
+        self.count = torch.zeros(1, dtype=torch.long, device=target.device)  # (1,) tokens written
+
+    def _feed(self, logits: torch.Tensor) -> None:
+        token = logits[:1].argmax(dim=-1)  # (1,)
+        self.out.index_copy_(0, self.count, token)
+        self.count.add_(1)
+        self.buffers.ids.copy_(token)
+        self.target._cache.length.add_(1)
+
+    def replayed(self) -> None:
+        """One step through the target's own plain graph (or its eager forward on the CPU)."""
+        logits, _, _ = self.target._step("plain", self.buffers)  # (1, V)
+        self._feed(logits)
+
+    def traced(self) -> None:
+        """One step as code a CUDA graph can capture."""
+        logits, _, _ = self.target._forward(self.buffers)  # (1, V)
+        self._feed(logits)
+
+
+def _device_start(target, prompt: torch.Tensor, n: int) -> tuple[DeviceSteps, int]:
+    """Prefill, then one ordinary plain verify (it allocates the plain buffers and captures the kind's graph) fed the
+    first token and left uncommitted: the device steps commit by advancing the length, the first one this token."""
+    first = _start(target, prompt, n)
+    target.verify(torch.tensor([first], device=target.device), torch.zeros(1, dtype=torch.long, device=target.device),
+                  None)
+    target._pending = None  # its K/V are rewritten by the first device step, from the same input
+    steps = DeviceSteps(target, n)
+    steps.buffers.ids.fill_(first)
+    return steps, first
+
+
+def chained_mode(target, prompt: torch.Tensor, n: int) -> tuple[list[int], float]:
+    steps, first = _device_start(target, prompt, n)
+    sync(target.device)
+    start = time.perf_counter()
+    for _ in range(n - 1):
+        steps.replayed()
+    sync(target.device)
+    seconds = (time.perf_counter() - start) / (n - 1)
+    target._cache.host_length += n - 1
+    return [first, *steps.out[: n - 1].tolist()], seconds
+
+
+def steps_mode(target, prompt: torch.Tensor, n: int, k: int) -> tuple[list[int], float]:
+    """K device steps captured as one CUDA graph (warm-up on a side stream first, as capture requires)."""
+    rounds = (n - 1) // k
+    steps, first = _device_start(target, prompt, rounds * k + 1)
+    length, ids = target._cache.length.clone(), steps.buffers.ids.clone()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        steps.traced()  # warm-up: the same kernels the capture records
+    torch.cuda.current_stream().wait_stream(side)
+    target._cache.length.copy_(length)
+    steps.buffers.ids.copy_(ids)
+    steps.count.zero_()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(k):
+            steps.traced()
+    sync(target.device)
+    start = time.perf_counter()
+    for _ in range(rounds):
+        graph.replay()
+    sync(target.device)
+    seconds = (time.perf_counter() - start) / (rounds * k)
+    target._cache.host_length += rounds * k
+    return [first, *steps.out[: rounds * k].tolist()], seconds
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("out", type=Path)
+    add_target_arguments(parser)
+    parser.add_argument("--new-tokens", type=int, default=128)
+    parser.add_argument("--prompt-tokens", type=int, default=32)
+    parser.add_argument("--steps", default="4,8", help="K of the steps-K modes (CUDA only), comma-separated")
+    args = parser.parse_args(argv)
+    target, dtype = load_target(args)
+    device = target.device
+    prompt = torch.randint(3, target.vocab_size, (args.prompt_tokens,), generator=torch.Generator().manual_seed(0))
+    modes = {"loop": lambda: loop_mode(target, prompt, args.new_tokens),
+             "verify": lambda: verify_mode(target, prompt, args.new_tokens),
+             "chained": lambda: chained_mode(target, prompt, args.new_tokens)}
+    if device.type == "cuda":
+        for k in (int(x) for x in args.steps.split(",") if x):
+            modes[f"steps-{k}"] = lambda k=k: steps_mode(target, prompt, args.new_tokens, k)
+    weight_bytes = sum(p.numel() * p.element_size() for p in target.module.parameters())
+    ceiling_s = weight_bytes / copy_bandwidth(device) if device.type == "cuda" else None
+    rows, reference = [], None
+    with torch.inference_mode():
+        for name, run in modes.items():
+            run()  # warm-up: compiles, captures, and settles the clocks
+            tokens, seconds = run()
+            reference = reference or tokens
+            same = min(len(tokens), len(reference))
+            rows.append({"mode": name, "ms_per_token": seconds * 1e3,
+                         "fraction_of_ceiling": ceiling_s / seconds if ceiling_s else None,
+                         "tokens_match_loop": tokens[:same] == reference[:same], "tokens": same})
+    figures = {"dtype": dtype, "device": str(device), "new_tokens": args.new_tokens, "prompt_tokens": args.prompt_tokens,
+               "weight_bytes": weight_bytes, "ceiling_ms": ceiling_s * 1e3 if ceiling_s else None, "modes": rows}
+    args.out.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(args.out / "plain_headroom.json", json.dumps(figures, indent=2) + "\n")
+    print(f"{'mode':10} {'ms/token':>9} {'of ceiling':>10}  tokens match the loop's")
+    for row in rows:
+        share = f"{row['fraction_of_ceiling']:.3f}" if row["fraction_of_ceiling"] else "-"
+        print(f"{row['mode']:10} {row['ms_per_token']:9.3f} {share:>10}  {row['tokens_match_loop']} ({row['tokens']})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
