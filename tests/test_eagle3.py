@@ -22,7 +22,8 @@ from specbench.engine.static_target import StaticTarget
 from specbench.proposers import create_proposer
 from specbench.proposers.eagle3 import Eagle3Proposer
 from _prompts import random_prompt
-from test_eagle import assert_refused, decode_losslessly, poison, put, random_head, rewrite_weights
+from test_eagle import decode_losslessly, random_head
+from test_eagle_checkpoint_files import assert_refused, poison, put, rewrite_weights
 from test_static_target import COMMON, HIDDEN, VOCAB, build
 
 MODES = {"chain": dict(num_speculative_tokens=3), "dynamic-tree": dict(top_k=3, depth=4, total_tokens=12)}

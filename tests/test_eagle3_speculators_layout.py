@@ -21,7 +21,8 @@ from specbench.eagle.eagle3 import Eagle3Head
 from specbench.engine.hf_target import HFTarget
 from specbench.engine.static_target import StaticTarget
 from specbench.proposers import create_proposer
-from test_eagle import assert_refused, decode_losslessly, put
+from test_eagle import decode_losslessly
+from test_eagle_checkpoint_files import assert_refused, put
 from test_eagle3 import DRAFT_VOCAB, MODES, deep_llama, random_head3, shift_d2t
 from test_static_target import HIDDEN, VOCAB
 
