@@ -19,6 +19,6 @@ timeout -k 5 "$seconds" python3 bench/ab_trial.py "$out/trial" --synth-dir /tmp/
 code=$?
 nvidia-smi --query-gpu=name,serial --format=csv,noheader > "$out/trial/machine.txt" 2>/dev/null || true
 cp -r "$runs" "$out/trial/ab-runs"
+grep -v '^round' "$out/trial/ab_trial.log" 2>/dev/null | tail -30
 tar czf "$out/ab_call.tgz" -C "$out" trial && rm -rf "$out/trial"
 echo "ab_trial exit $code (124: the time limit cut it; rounds kept in $runs); $out/ab_call.tgz"
-tar xzf "$out/ab_call.tgz" -O trial/ab_trial.log 2>/dev/null | grep -v '^round' | tail -30

@@ -21,6 +21,7 @@ _EXTERN = re.compile(r"\bextern_kernels\.(\w*mm)\(")
 _TEMPLATE_CALL = re.compile(r"\b(triton_tem_\w+)\.run\(")
 _CONSTEXPR = re.compile(r"\b(BLOCK_\w+|GROUP_M|EVEN_K)\s*:\s*tl\.constexpr\s*=\s*(\w+)")
 _LAUNCH = re.compile(r"\b(num_stages|num_warps)\s*=\s*(\d+)")
+ROW_MM_LABEL = "one-row mm as multiply + sum"  # how a record names the reduction (kernel_choices' note reads it)
 _ROW_MM = re.compile(r"\b(triton_\w*_fused\w*_mul_sum\w*)\.run\(")  # a one-row mm decomposed to multiply + sum
 QUOTES = "'" * 3  # what opens and closes a kernel's source in the generated module
 
@@ -62,7 +63,7 @@ def matmuls_in(source: str, module=None) -> dict | None:
         kernels.append(f"{name} ({config})" if config else name)
     for name in dict.fromkeys(_ROW_MM.findall(source)):
         config = launched_config(getattr(module, name, None))
-        kernels.append(f"{name} (one-row mm as multiply + sum" + (f": {config})" if config else ")"))
+        kernels.append(f"{name} ({ROW_MM_LABEL}" + (f": {config})" if config else ")"))
     if not kernels:
         return None
     shapes = [[int(s) for s in dims.replace(" ", "").split(",") if s] for _, dims in _SHAPE.findall(source)]

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 
-from specbench.engine.compiled_matmuls import compiled_matmuls
+from specbench.engine.compiled_matmuls import ROW_MM_LABEL, compiled_matmuls
 
 _SELECTIONS: dict[tuple, dict] = {}  # (op, shapes) -> the selection's record, in the order first seen
 _INSTALLED = False
@@ -110,7 +110,7 @@ def describe() -> dict:
                 f"{cache['hits'] + cache['misses']} compiled graphs (compiled, kernel choices included, by an earlier "
                 "process on this machine)")
     matmuls = compiled_matmuls()
-    if any("multiply + sum" in kernel for record in matmuls for kernel in record["kernels"]):
+    if any(ROW_MM_LABEL in kernel for record in matmuls for kernel in record["kernels"]):
         note += ("; the one-row matmuls run as multiply + sum reductions (coordinate-descent tuning's decomposition), "
                  "which select no mm kernel")
     note += "; compiled_matmuls names the kernels the loaded graphs run, read from their generated code"

@@ -105,10 +105,13 @@ class ProcessRunner:
     env: dict[str, dict[str, str]] = field(default_factory=dict)
     log_dir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="specbench-ab-")))
 
+    def __post_init__(self) -> None:
+        self.log_dir = Path(self.log_dir)
+        self.log_dir.mkdir(parents=True, exist_ok=True)  # a --runs-dir's logs/ is new on its first invocation
+
     def __call__(self, tree: Tree, side: str, spec: str, round_index: int) -> list[dict]:
         stem = f"r{round_index}-{side}-{spec.replace('/', '_')}"
         output, log = self.log_dir / f"{stem}.json", self.log_dir / f"{stem}.log"
-        self.log_dir.mkdir(parents=True, exist_ok=True)
         output.unlink(missing_ok=True)  # a kept directory's earlier, cut-short invocation may have left one
         command = [sys.executable, "-m", "specbench.cli", "run", spec, *self.run_args, "--output", str(output),
                    "--no-gate", "--no-history", "-q"]
