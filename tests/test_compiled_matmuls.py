@@ -66,17 +66,24 @@ def test_aten_matmuls_of_a_graph_compiled_in_this_process_are_read_back():
 
 
 # what inductor writes on a GPU for a one-row linear under coordinate-descent tuning: no mm, a reduction kernel
+# named after the ATen op it came from, with that op in the comment above its definition
 ROW_MM_MODULE = """
-triton_red_fused__to_copy_mul_sum_0 = async_compile.triton('triton_red_fused__to_copy_mul_sum_0', '''
+# kernel path: /tmp/torchinductor_root/ab/cabcdef.py
+# Topologically Sorted Source Nodes: [linear], Original ATen: [aten.mm]
+# Source node to ATen node mapping:
+#   linear => mul, sum_1
+# Graph fragment:
+#   %mul : [num_users=1] = call_function[target=torch.ops.aten.mul.Tensor](args = (%unsqueeze, %unsqueeze_1))
+triton_red_fused_mm_0 = async_compile.triton('triton_red_fused_mm_0', '''
 @triton_heuristics.reduction(size_hints={'x': 4096, 'r0_': 4096}, reduction_hint=ReductionHint.INNER)
-def triton_red_fused__to_copy_mul_sum_0(in_ptr0, in_ptr1, out_ptr0, xnumel, r0_numel, XBLOCK, R0_BLOCK):
+def triton_red_fused_mm_0(in_ptr0, in_ptr1, out_ptr0, xnumel, r0_numel, XBLOCK, R0_BLOCK):
 ''', device_str='cuda')
 
 def call(args):
     arg0_1, arg1_1 = args
     assert_size_stride(arg0_1, (1, 4096), (4096, 1))
     assert_size_stride(arg1_1, (4096, 4096), (4096, 1))
-    triton_red_fused__to_copy_mul_sum_0.run(arg0_1, arg1_1, buf0, 4096, 4096, stream=stream0)
+    triton_red_fused_mm_0.run(arg0_1, arg1_1, buf0, 4096, 4096, stream=stream0)
     return (buf0, )
 """
 
@@ -87,19 +94,34 @@ def _kernel(*configs):
 
 def test_a_one_row_mm_decomposed_to_a_reduction_is_named_with_the_config_tuning_left():
     tuned = SimpleNamespace(kwargs={"XBLOCK": 1, "R0_BLOCK": 2048}, num_warps=16, num_stages=1)
-    module = SimpleNamespace(triton_red_fused__to_copy_mul_sum_0=_kernel(tuned))
+    module = SimpleNamespace(triton_red_fused_mm_0=_kernel(tuned))
     assert matmuls_in(ROW_MM_MODULE, module) == {
         "input_shapes": [[1, 4096], [4096, 4096]],
-        "kernels": ["triton_red_fused__to_copy_mul_sum_0 (one-row mm as multiply + sum: R0_BLOCK=2048, XBLOCK=1, "
+        "kernels": ["triton_red_fused_mm_0 (one-row mm as multiply + sum: R0_BLOCK=2048, XBLOCK=1, "
                     "num_stages=1, num_warps=16)"],
     }
     # before its first launch the kernel still holds every candidate; without the module only its name is known
-    untuned = SimpleNamespace(triton_red_fused__to_copy_mul_sum_0=_kernel(tuned, tuned))
+    untuned = SimpleNamespace(triton_red_fused_mm_0=_kernel(tuned, tuned))
     assert matmuls_in(ROW_MM_MODULE, untuned)["kernels"] == [
-        "triton_red_fused__to_copy_mul_sum_0 (one-row mm as multiply + sum: not launched yet)"]
-    assert matmuls_in(ROW_MM_MODULE)["kernels"] == ["triton_red_fused__to_copy_mul_sum_0 (one-row mm as multiply + sum)"]
+        "triton_red_fused_mm_0 (one-row mm as multiply + sum: not launched yet)"]
+    assert matmuls_in(ROW_MM_MODULE)["kernels"] == ["triton_red_fused_mm_0 (one-row mm as multiply + sum)"]
 
 
 def test_a_norm_reduction_is_not_a_matmul():
-    norm = ROW_MM_MODULE.replace("_to_copy_mul_sum_0", "_to_copy_add_mean_mul_pow_rsqrt_0")
+    norm = ROW_MM_MODULE.replace("aten.mm", "aten._to_copy, aten.add, aten.mean, aten.mul, aten.pow, aten.rsqrt")
     assert matmuls_in(norm) is None
+
+
+def test_inductors_one_row_mm_decomposition_keeps_the_mm_as_its_origin():
+    # what the record keys on, checked on this torch (meta tensors stand in for a GPU's, which the rewrite needs):
+    # under coordinate-descent tuning the multiply and sum that replace a one-row mm carry aten.mm as their origin
+    from torch._inductor import config
+    from torch._inductor.decomposition import select_decomp_table
+    from torch.fx import traceback
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    with config.patch(coordinate_descent_tuning=True), traceback.preserve_node_meta():
+        graph = make_fx(F.linear, decomposition_table=select_decomp_table())(
+            torch.randn(1, 64, device="meta"), torch.randn(32, 64, device="meta")).graph
+    origins = {str(node.target): str(node.meta.get("original_aten")) for node in graph.nodes if node.op == "call_function"}
+    assert origins["aten.mul.Tensor"] == origins["aten.sum.dim_IntList"] == "aten.mm.default"

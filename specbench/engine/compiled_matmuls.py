@@ -6,8 +6,10 @@ module's ``call`` names the kernel each matmul runs: ``extern_kernels.mm`` (ATen
 template (``triton_tem_*``) whose source carries the block sizes, warps and stages autotuning picked, or, for a
 one-row matmul on a GPU compiled with coordinate-descent tuning (which max-autotune mode turns on), no mm at all:
 inductor's decomposition rewrites ``x @ W.T`` with one row as a multiply and a sum, one Triton reduction kernel
-(``triton_*_fused_*mul_sum*``) whose block sizes and warps coordinate descent picks at its first launch, so
-those are read from the loaded kernel's launcher. No template selection happens there, which is why inductor's
+whose block sizes and warps coordinate descent picks at its first launch, so those are read from the loaded
+kernel's launcher. That kernel keeps the mm as its origin: inductor names kernels after the ATen ops before
+decomposition (``triton_red_fused_mm_0``) and writes them in the comment above each definition
+(``# ... Original ATen: [aten.mm]``). No template selection happens there, which is why inductor's
 selection hooks (``kernel_choices``) record nothing for these matmuls (docs/ab.md#what-moves-a-speed-figure).
 """
 
@@ -22,7 +24,9 @@ _TEMPLATE_CALL = re.compile(r"\b(triton_tem_\w+)\.run\(")
 _CONSTEXPR = re.compile(r"\b(BLOCK_\w+|GROUP_M|EVEN_K)\s*:\s*tl\.constexpr\s*=\s*(\w+)")
 _LAUNCH = re.compile(r"\b(num_stages|num_warps)\s*=\s*(\d+)")
 ROW_MM_LABEL = "one-row mm as multiply + sum"  # how a record names the reduction (kernel_choices' note reads it)
-_ROW_MM = re.compile(r"\b(triton_\w*_fused\w*_mul_sum\w*)\.run\(")  # a one-row mm decomposed to multiply + sum
+# a reduction kernel's definition with the ATen ops it came from, in the comment inductor writes above it
+_REDUCTION_DEF = re.compile(r"Original ATen: \[([^\]]*)\]\n(?:#[^\n]*\n)*(triton_(?:red|per)_\w+) = async_compile\.triton\(")
+_MATMUL_OPS = {"aten.mm", "aten.addmm", "aten.bmm", "aten.baddbmm"}
 QUOTES = "'" * 3  # what opens and closes a kernel's source in the generated module
 
 
@@ -36,6 +40,12 @@ def _template_config(source: str, name: str) -> str:
     body = source[opening:closing]  # the kernel's source, between its triple quotes
     settings = dict(_LAUNCH.findall(body)) | dict(_CONSTEXPR.findall(body))
     return ", ".join(f"{key}={value}" for key, value in sorted(settings.items()))
+
+
+def _row_matmuls(source: str) -> list[str]:
+    """The reduction kernels ``source`` runs that came from a matmul: a one-row mm decomposed to multiply + sum."""
+    return [name for origins, name in _REDUCTION_DEF.findall(source)
+            if _MATMUL_OPS & {op.strip() for op in origins.split(",")} and f"{name}.run(" in source]
 
 
 def launched_config(kernel) -> str:
@@ -61,7 +71,7 @@ def matmuls_in(source: str, module=None) -> dict | None:
     for name in dict.fromkeys(_TEMPLATE_CALL.findall(source)):
         config = _template_config(source, name)
         kernels.append(f"{name} ({config})" if config else name)
-    for name in dict.fromkeys(_ROW_MM.findall(source)):
+    for name in dict.fromkeys(_row_matmuls(source)):
         config = launched_config(getattr(module, name, None))
         kernels.append(f"{name} ({ROW_MM_LABEL}" + (f": {config})" if config else ")"))
     if not kernels:
