@@ -25,6 +25,13 @@ ROOT = Path(__file__).resolve().parent.parent
 ARTIFACTS = Path("specbench") / "zoo" / "artifacts"
 
 
+def unpack_tree(archive: Path, directory: Path) -> None:
+    """``archive``'s tree into ``directory`` (data files only: no links out of it), this tree's zoo artifacts added."""
+    with tarfile.open(archive) as tar:
+        tar.extractall(directory, filter="data")
+    shutil.copytree(ROOT / ARTIFACTS, directory / ARTIFACTS, dirs_exist_ok=True)
+
+
 def commit_archives(directory: Path, archives: list[Path]) -> list[str]:
     """A new repository at ``directory`` with one commit per archive (this tree's zoo artifacts added to each)."""
     shutil.rmtree(directory, ignore_errors=True)
@@ -39,9 +46,7 @@ def commit_archives(directory: Path, archives: list[Path]) -> list[str]:
         for entry in directory.iterdir():
             if entry.name != ".git":
                 shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
-        with tarfile.open(archive) as tar:
-            tar.extractall(directory, filter="data")
-        shutil.copytree(ROOT / ARTIFACTS, directory / ARTIFACTS, dirs_exist_ok=True)
+        unpack_tree(archive, directory)
         git("add", "-A")
         git("commit", "--quiet", "--allow-empty", "-m", f"from {archive.name}")
         commits.append(git("rev-parse", "HEAD"))

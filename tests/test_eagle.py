@@ -1,9 +1,8 @@
-"""EAGLE-1/2 (its checkpoint files: test_eagle_checkpoint_files.py): the
-draft head matches transformers' layer and its cached forward a from-scratch one; chains, static and dynamic
-trees decode losslessly on both targets; EAGLE-2 keeps the best nodes as a tree (docs/eagle.md)."""
+"""EAGLE-1/2 (its checkpoint files: test_eagle_checkpoint_files.py): the draft head matches transformers' layer and
+its cached forward a from-scratch one; chains, static and dynamic trees decode losslessly on both targets; EAGLE-2
+keeps the best nodes as a tree (docs/eagle.md)."""
 
 from __future__ import annotations
-
 
 import pytest
 import torch

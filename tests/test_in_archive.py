@@ -1,4 +1,4 @@
-"""bench/in_archive.sh runs a command inside another commit's tree carried as a tarball (a branch's GPU tier on a
+"""bench/in_archive.py runs a command inside another commit's tree carried as a tarball (a branch's GPU tier on a
 device machine whose copy of the repository is this working tree): that tree's code is imported, this tree's
 reference models are added, and a missing archive or command is refused before anything runs."""
 
@@ -11,7 +11,7 @@ import tarfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-SCRIPT = ROOT / "bench" / "in_archive.sh"
+SCRIPT = ROOT / "bench" / "in_archive.py"
 ARTIFACTS = ROOT / "specbench" / "zoo" / "artifacts"
 
 
@@ -27,7 +27,7 @@ def _archive(path: Path, files: dict[str, str]) -> Path:
 
 
 def _run(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["bash", str(SCRIPT), *args], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    return subprocess.run([sys.executable, str(SCRIPT), *args], cwd=ROOT, capture_output=True, text=True, timeout=120)
 
 
 def test_the_command_runs_in_the_archives_tree_with_its_code_first(tmp_path):
