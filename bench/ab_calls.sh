@@ -5,11 +5,11 @@
 # continues where this one stopped, on this machine or a fresh one (which writes the synthetic 7B again first).
 #
 #   bash bench/ab_calls.sh OUT PLAN [SECONDS]
-#   bash bench/ab_calls.sh $OUT unchanged,unchanged,unchanged,0.05@10 540
+#   bash bench/ab_calls.sh $OUT unchanged,unchanged,unchanged,0.05@10 580
 set -u
 out=$1
 plan=$2
-seconds=${3:-540}
+seconds=${3:-580}
 runs=.ab/ab-runs
 mkdir -p "$out/trial" "$runs"
 export SPECBENCH_DATA_DIR=${SPECBENCH_DATA_DIR:-$PWD/.ab/data}

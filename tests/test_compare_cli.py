@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -47,12 +49,15 @@ def in_scratch(scratch, monkeypatch):
     assert repository_state(repo) == before  # no worktree, stash, branch or file left behind
 
 
-def scripted_runner(head_speed: float, calls: list):
-    """A ProcessRunner stand-in: results of scripted speed, the head at ``head_speed`` times the base."""
+def scripted_runner(head_speed: float, calls: list, options: list | None = None):
+    """A ProcessRunner stand-in: results of scripted speed, the head at ``head_speed`` times the base; the keyword
+    options each runner is made with go to ``options``."""
 
     class Runner:
-        def __init__(self, run_args, env, log_dir=None):
+        def __init__(self, run_args, env, log_dir=None, **kwargs):
             self.run_args, self.env = run_args, env
+            if options is not None:
+                options.append(kwargs)
 
         def __call__(self, tree, side, spec, round_index):
             calls.append((side, tree.commit, spec, round_index, self.run_args))
@@ -85,6 +90,48 @@ def test_outside_a_repository_is_refused(tmp_path, monkeypatch, capsys):
 def test_fewer_than_two_rounds_are_refused(in_scratch, capsys):
     repo, (c1, _, _) = in_scratch
     assert "--rounds 1" in refused(capsys, ["compare", c1, CASE, "--head", c1, "--rounds", "1", "--no-history"])
+    assert "--warmup -1: expected 0 or more" in refused(capsys, ["compare", c1, CASE, "--warmup", "-1"])
+
+
+def test_the_warmup_option_reaches_the_runner(in_scratch, monkeypatch):
+    _, (c1, _, _) = in_scratch
+    options = []
+    monkeypatch.setattr(ab_runs, "ProcessRunner", scripted_runner(1.0, [], options))
+    assert main(["compare", c1, CASE, "--head", c1, "--rounds", "2", "--warmup", "2", "--no-history", "-q"]) == 0
+    assert [o["warmup"] for o in options] == [2] and options[0]["progress"] is None  # -q: no progress lines
+
+
+def test_each_commit_runs_unrecorded_warmup_processes_before_its_first_recorded_run(tmp_path, monkeypatch):
+    """The first process on a fresh machine fills the compile caches (docs/ab.md#warm-up): ProcessRunner runs
+    ``warmup`` processes per (commit, case) first, once per invocation, logged apart and reported, not returned."""
+    from specbench.gating.worktrees import Tree
+
+    base, head = Tree("b", "1" * 40, tmp_path / "b"), Tree("h", "2" * 40, tmp_path / "h")
+    commits = {str(base.path): base.commit, str(head.path): head.commit}
+    ran = []
+
+    def fake_run(command, cwd, env, stdout, stderr):
+        output = Path(command[command.index("--output") + 1])
+        ran.append(output.stem)
+        result = make_result(len(ran), num_requests=2, name="tiny-ngram-k3", suite="demo")
+        result["env"]["git_commit"] = commits[str(cwd)]
+        output.write_text(json.dumps(result), encoding="utf-8")
+        return subprocess.CompletedProcess(command, 0)
+
+    monkeypatch.setattr(ab_runs.subprocess, "run", fake_run)
+    lines = []
+    runner = ab_runs.ProcessRunner([], {}, tmp_path / "logs", warmup=1, progress=lines.append)
+    same = Tree("h", base.commit, tmp_path / "b")  # an unchanged A/B: both sides one commit, warmed once
+    returned = [runner(base, "base", CASE, 0), runner(same, "head", CASE, 0), runner(head, "head", CASE, 1)]
+    stem = "demo_tiny-ngram-k3"
+    assert ran == [f"warmup0-base-{stem}", f"r0-base-{stem}", f"r0-head-{stem}", f"warmup0-head-{stem}",
+                   f"r1-head-{stem}"]
+    assert [r[0]["case_id"] for r in returned] == ["demo/tiny-ngram-k3"] * 3
+    assert len(lines) == 2 and all(line.startswith("warm-up ") and line.endswith("not recorded") for line in lines)
+    ran.clear()
+    cold = ab_runs.ProcessRunner([], {}, tmp_path / "logs", warmup=0)
+    cold(base, "base", CASE, 0)
+    assert ran == [f"r0-base-{stem}"]
 
 
 def test_untracked_code_the_snapshot_would_lose_is_refused(in_scratch, capsys):

@@ -28,12 +28,13 @@ def cmd_bisect(args: argparse.Namespace) -> int:
     if args.metric not in SPEED_METRICS:
         raise ValueError(f"--metric {args.metric!r}: expected a speed metric, one of {', '.join(SPEED_METRICS)}")
     tolerances = tolerances_from(args.tolerance)
-    check_rounds(args.rounds)
+    check_rounds(args.rounds, args.warmup)
     repo = repository_root(args.repo or Path.cwd())
     probe_env, envs = side_environments(args)
     progress = None if args.quiet else (lambda line: print(line, file=sys.stderr, flush=True))
     outcome = bisect(repo, args.good, args.bad, args.case, metric=args.metric, rounds=args.rounds,
-                     runner=ProcessRunner(run_flags(args), envs), env=probe_env, tolerances=tolerances,
+                     runner=ProcessRunner(run_flags(args), envs, warmup=args.warmup, progress=progress),
+                     env=probe_env, tolerances=tolerances,
                      confidence=args.confidence, allow_case_change=args.allow_case_change, progress=progress)
     print(f"bisect of {args.case} on {args.metric}, GOOD {args.good} ({outcome.good[:7]}), BAD {args.bad} "
           f"({outcome.bad[:7]}):")

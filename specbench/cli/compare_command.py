@@ -30,6 +30,10 @@ def add_ab_arguments(parser: argparse.ArgumentParser) -> None:
     """The options compare and bisect share: rounds, confidence, tolerances, environments, case changes."""
     parser.add_argument("--rounds", type=int, default=6, metavar="R",
                         help="pairs of fresh runs per case, alternating which side goes first (default 6: an even number balances the order; at least 2)")
+    parser.add_argument("--warmup", type=int, default=1, metavar="N",
+                        help="processes of each commit run unrecorded before its first recorded run (default 1): the "
+                             "first process on a fresh machine fills the compile and autotune caches and has read "
+                             "T(1) up to 14%% slower than the rest (docs/ab.md#warm-up); 0 runs none")
     parser.add_argument("--confidence", type=float, default=None, metavar="C",
                         help="confidence of the interval over the rounds (default 0.99)")
     parser.add_argument("--tolerance", action="append", default=[], metavar="[METRIC=]X",
@@ -53,9 +57,11 @@ def add_ab_arguments(parser: argparse.ArgumentParser) -> None:
                              "(other tree contents, run settings or --*-env)")
 
 
-def check_rounds(rounds: int) -> None:
+def check_rounds(rounds: int, warmup: int = 0) -> None:
     from specbench.gating.ab import MIN_ROUNDS
 
+    if warmup < 0:
+        raise ValueError(f"--warmup {warmup}: expected 0 or more unrecorded processes per commit")
     if rounds < MIN_ROUNDS:
         raise ValueError(f"--rounds {rounds}: an A/B interval needs at least {MIN_ROUNDS} rounds (pairs of runs)")
 
@@ -218,7 +224,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from specbench.gating.worktrees import repository_root
 
     tolerances = tolerances_from(args.tolerance)
-    check_rounds(args.rounds)
+    check_rounds(args.rounds, args.warmup)
     repo = repository_root(args.repo or Path.cwd())
     probe_env, envs = side_environments(args)
     trees, base, head = open_trees(repo, args.base, args.head)
@@ -227,7 +233,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
         kept = kept_rounds(args, base, head)
         logs = {"log_dir": kept.directory / "logs"} if kept else {}
         comparison = compare_trees(base, head, args.cases, rounds=args.rounds, env=probe_env,
-                                   runner=ProcessRunner(run_flags(args), envs, **logs), tolerances=tolerances,
+                                   runner=ProcessRunner(run_flags(args), envs, **logs, warmup=args.warmup,
+                                                        progress=progress), tolerances=tolerances,
                                    confidence=args.confidence, allow_case_change=args.allow_case_change,
                                    progress=progress, kept=kept)
     except RunFailed as err:

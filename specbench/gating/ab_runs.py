@@ -99,18 +99,34 @@ class ProcessRunner:
     """Runs one case on one side in a fresh `python -m specbench.cli run` of that side's tree; returns its result.
 
     ``run_args``: the run-setting flags both sides get (e.g. ``--num-prompts 2``); ``env``: per side label, the
-    environment of its processes; ``log_dir``: each process's output, kept for the failure message."""
+    environment of its processes; ``log_dir``: each process's output, kept for the failure message; ``warmup``:
+    processes run unrecorded before a commit's first recorded run of a case (docs/ab.md#warm-up), reported to
+    ``progress``."""
 
     run_args: list[str] = field(default_factory=list)
     env: dict[str, dict[str, str]] = field(default_factory=dict)
     log_dir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="specbench-ab-")))
+    warmup: int = 1
+    progress: Callable[[str], None] | None = None
+    warmed: set[tuple[str, str]] = field(default_factory=set)  # (commit, spec) already warmed in this invocation
 
     def __post_init__(self) -> None:
         self.log_dir = Path(self.log_dir)
         self.log_dir.mkdir(parents=True, exist_ok=True)  # a --runs-dir's logs/ is new on its first invocation
 
     def __call__(self, tree: Tree, side: str, spec: str, round_index: int) -> list[dict]:
-        stem = f"r{round_index}-{side}-{spec.replace('/', '_')}"
+        if (tree.commit, spec) not in self.warmed:  # the same commit on both sides (an unchanged A/B) warms once
+            self.warmed.add((tree.commit, spec))
+            for n in range(self.warmup):
+                started = time.perf_counter()
+                results = self._run(tree, side, spec, f"warmup{n}")
+                if self.progress:
+                    self.progress(f"warm-up {side} ({tree.short}) {spec}: {time.perf_counter() - started:.1f} s"
+                                  + _figures(results) + ", not recorded")
+        return self._run(tree, side, spec, f"r{round_index}")
+
+    def _run(self, tree: Tree, side: str, spec: str, label: str) -> list[dict]:
+        stem = f"{label}-{side}-{spec.replace('/', '_')}"
         output, log = self.log_dir / f"{stem}.json", self.log_dir / f"{stem}.log"
         output.unlink(missing_ok=True)  # a kept directory's earlier, cut-short invocation may have left one
         command = [sys.executable, "-m", "specbench.cli", "run", spec, *self.run_args, "--output", str(output),
