@@ -108,7 +108,7 @@ class ProcessRunner:
     log_dir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="specbench-ab-")))
     warmup: int = 1
     progress: Callable[[str], None] | None = None
-    warmed: set[tuple[str, str]] = field(default_factory=set)  # (commit, spec) already warmed in this invocation
+    warmed: set[tuple[str, str]] = field(default_factory=set, init=False, repr=False)  # (commit, spec) warmed so far
 
     def __post_init__(self) -> None:
         self.log_dir = Path(self.log_dir)
@@ -121,8 +121,8 @@ class ProcessRunner:
                 started = time.perf_counter()
                 results = self._run(tree, side, spec, f"warmup{n}")
                 if self.progress:
-                    self.progress(f"warm-up {side} ({tree.short}) {spec}: {time.perf_counter() - started:.1f} s"
-                                  + _figures(results) + ", not recorded")
+                    self.progress(_timed_line(f"warm-up {side} ({tree.short}) {spec}", started, results)
+                                  + ", not recorded")
         return self._run(tree, side, spec, f"r{round_index}")
 
     def _run(self, tree: Tree, side: str, spec: str, label: str) -> list[dict]:
@@ -164,6 +164,11 @@ def _figures(results: list[dict]) -> str:
     return f" ({'; '.join(parts)})" if parts else ""
 
 
+def _timed_line(what: str, started: float, results: list[dict]) -> str:
+    """``what``, the seconds since ``started`` and the process's headline figures: one progress line."""
+    return f"{what}: {time.perf_counter() - started:.1f} s" + _figures(results)
+
+
 def _run_pair(base: Tree, head: Tree, spec: str, r: int, rounds: int, runner: Runner,
               progress: Callable[[str], None] | None) -> dict[str, list[dict]]:
     """Both sides' results of one case spec in round ``r``, the side going first alternating per round."""
@@ -175,8 +180,7 @@ def _run_pair(base: Tree, head: Tree, spec: str, r: int, rounds: int, runner: Ru
         started = time.perf_counter()
         by_side[side] = runner(tree, side, spec, r)
         if progress:
-            progress(f"round {r + 1}/{rounds} {side} ({tree.short}) {spec}: "
-                     f"{time.perf_counter() - started:.1f} s" + _figures(by_side[side]))
+            progress(_timed_line(f"round {r + 1}/{rounds} {side} ({tree.short}) {spec}", started, by_side[side]))
     return by_side
 
 
