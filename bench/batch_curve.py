@@ -1,4 +1,4 @@
-"""Batch-size curve of the batched static engine: plain and speculative throughput at B = 1..32 on the synthetic 7B."""
+"""Batch-size curve of the static engine: plain and speculative throughput at B = 1..32 on the synthetic 7B."""
 
 from __future__ import annotations
 
@@ -21,40 +21,35 @@ from speed_7b import MEDUSA_PROFILE  # noqa: E402
 from specbench.atomic_write import write_text_atomic  # noqa: E402
 from specbench.cli.arguments import list_argument_type  # noqa: E402
 from specbench.compile_watch import TimedWindow  # noqa: E402
-from specbench.engine.batched_decode import BatchedDecoder  # noqa: E402
-from specbench.engine.batched_proposers import BatchedProposer  # noqa: E402
-from specbench.engine.batched_target import BatchedStaticTarget  # noqa: E402
 from specbench.engine.decode import Decoder, GenerationConfig  # noqa: E402
+from specbench.engine.slot_proposer import SlotProposer  # noqa: E402
 from specbench.engine.static_target import StaticTarget  # noqa: E402
 from specbench.env import environment_fingerprint  # noqa: E402
 from specbench.metrics import SpecCounters  # noqa: E402
 from specbench.proposers.scripted import ScriptedProposer  # noqa: E402
 
-DESCRIPTION = """Batch-size curve of the batched static engine: plain and speculative throughput at B = 1..32 on the synthetic 7B.
+DESCRIPTION = """Batch-size curve of the static engine: plain and speculative throughput at B = 1..32 on the synthetic 7B.
 
 For each batch size B (``--batch-sizes``) the same prompt pool's first ``B x --rounds`` prompts are decoded
-through ``BatchedDecoder`` at B slots (static engine, CUDA graphs per (kind, width), bf16 on CUDA):
-plainly, with the oracle (the target's own greedy continuation, K draft tokens: full acceptance) and with the
-Medusa-7B acceptance profile (the oracle wrong at random per position, Medusa-1's published per-head top-1 on
-Vicuna-7B; bench/speed_7b.py). Per B: throughput (output tokens / wall seconds of the run), decode
-throughput (the tokens of the verify steps / their wall time: admissions, i.e. group prefills, left out,
-and their seconds beside it), per-request time per output token, TTFT (from admission, and from the run's start), speedup vs plain at the same B,
-acceptance rate and MAL, the CUDA allocator's peak. Also, in the same run: the single-sequence static engine
-at batch 1 (plain and oracle), its timed runs alternating with the batched B = 1's so that both see the same
-machine, against the batched B = 1 (the issue asks for the two within 3%), the plain
-throughput ratios largest B / B = 1 (whole run and decode phase), and per proposer the crossover B (the first at which it no longer
-beats plain). Graph capture, compilation and warm-up runs are never timed. Writes OUT_DIR/batch_curve.json
-atomically and prints a table.
+through ``Decoder`` at B slots (static engine, CUDA graphs per (kind, width, span), bf16 on CUDA): plainly, with
+the oracle (the target's own greedy continuation, K draft tokens: full acceptance) and with the Medusa-7B
+acceptance profile (the oracle wrong at random per position, Medusa-1's published per-head top-1 on Vicuna-7B;
+bench/speed_7b.py). Per B: throughput (output tokens / wall seconds of the run), decode throughput (the tokens of
+the verify steps / their wall time: admissions, i.e. group prefills, left out, and their seconds beside it),
+per-request time per output token, TTFT (from admission, and from the run's start), speedup vs plain at the same
+B, acceptance rate and MAL, the CUDA allocator's peak. Also: the plain throughput ratios largest B / B = 1 (whole
+run and decode phase), and per proposer the crossover B (the first at which it no longer beats plain). Graph
+capture, compilation and warm-up runs are never timed. Writes OUT_DIR/batch_curve.json atomically and prints a
+table.
 
     python bench/batch_curve.py OUT_DIR --synth-dir SYNTH_DIR          # a GPU box: `specbench zoo synth SYNTH_DIR` first
     python bench/batch_curve.py OUT_DIR --tiny --device cpu --batch-sizes 1,2 --new-tokens 8   # CPU smoke test
 """
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: one engine, so no single_sequence_batch_1 figures nor batch_1_*_over_single_sequence ratios
 RUNS = ("plain", "oracle", "medusa_profile")
-SINGLE_RUNS = ("plain", "oracle")  # what the single-sequence engine runs beside the smallest B
 
 
-class ScriptedBatch(BatchedProposer):
+class ScriptedBatch(SlotProposer):
     """The oracle of bench/speed_7b.py for B slots: each slot drafts its current request's known continuation
     (``truths[prompt]``) through its own ``ScriptedProposer``, optionally wrong at random per position."""
 
@@ -81,9 +76,9 @@ def _finite(x):
     return None if x is None or (isinstance(x, float) and math.isnan(x)) else x
 
 
-def summarize(results: list, wall_s: float, stats=None) -> dict:
-    """The figures of one batched (or sequential) run of requests; ``stats`` (a batched run's BatchedRunStats)
-    adds its decode phase apart from its admissions."""
+def summarize(results: list, wall_s: float, stats) -> dict:
+    """The figures of one run of requests; ``stats`` (the run's RunStats) gives its decode phase apart from its
+    admissions."""
     tokens = sum(r.timing.num_output_tokens for r in results)
     counters = SpecCounters()
     for r in results:
@@ -94,13 +89,13 @@ def summarize(results: list, wall_s: float, stats=None) -> dict:
         "throughput_tokens_per_s": tokens / wall_s if wall_s > 0 else None,
         "time_per_output_token_s": _finite(statistics.fmean(latencies)) if latencies else None,
         "ttft_s": statistics.fmean(r.timing.time_to_first_token_s for r in results),
-        "ttft_from_start_s": statistics.fmean(getattr(r, "queue_s", 0.0) + r.timing.time_to_first_token_s for r in results),
+        "ttft_from_start_s": statistics.fmean(r.queue_s + r.timing.time_to_first_token_s for r in results),
         "acceptance_rate": _finite(counters.acceptance_rate),
         "mean_acceptance_length": _finite(counters.mean_acceptance_length),
         "num_drafts": counters.num_drafts,
-        "decode_throughput_tokens_per_s": None if stats is None else _finite(stats.decode_throughput_tokens_per_s),
-        "admission_s": None if stats is None else stats.admission_s,
-        "decode_s": None if stats is None else stats.step_s,
+        "decode_throughput_tokens_per_s": _finite(stats.decode_throughput_tokens_per_s),
+        "admission_s": stats.admission_s,
+        "decode_s": stats.step_s,
     }
 
 
@@ -117,44 +112,33 @@ def timed(device, run) -> tuple[list, float, int | None]:
 
 
 def proposers(kind: str, truths: dict, k: int, vocab: int):
-    """The batched proposer of a run kind (None: plain)."""
+    """The slot proposer of a run kind (None: plain)."""
     if kind == "plain":
         return None
     return ScriptedBatch(truths, k, vocab, position_accuracy=MEDUSA_PROFILE if kind == "medusa_profile" else None)
 
 
-def measure_batch(static: StaticTarget, batch: int, prompts: list, truths: dict, args, config,
-                  single: dict | None = None) -> dict:
-    """One point of the curve: each run kind through ``BatchedDecoder`` at ``batch`` slots, the median of ``--repeats``
-    timed runs. Given ``single`` (a dict to fill), the single-sequence engine decodes the same prompts (plain and
-    oracle) in timed runs alternating with the batched ones, so the two engines' ratio sees the same machine."""
-    target = BatchedStaticTarget.from_static_target(static, batch, fused_prefill=args.fused_prefill)
+def measure_batch(static: StaticTarget, batch: int, prompts: list, truths: dict, args, config) -> dict:
+    """One point of the curve: each run kind through ``Decoder`` at ``batch`` slots, the median of ``--repeats``
+    timed runs."""
+    target = static.with_batch_size(batch, fused_prefill=args.fused_prefill)  # the weights shared
     # the full cache and the chain width first: a cache that grew after the warm-up would re-capture while timed
     target.reserve(max(p.numel() for p in prompts) + config.max_new_tokens + args.k, args.k)
-    if single is not None:
-        static.reserve(max(p.numel() for p in prompts) + config.max_new_tokens + args.k, args.k)  # before any capture
     figures: dict = {"batch_size": batch}
     for kind in RUNS:
         make = lambda: proposers(kind, truths, args.k, static.vocab_size)  # noqa: E731
-        decoder = BatchedDecoder(target, make(), config)
+        decoder = Decoder(target, make(), config)
         decoder.prepare(prompts)  # every graph these prompts replay, never captured while timed
         warm = GenerationConfig(max_new_tokens=min(4, config.max_new_tokens), ignore_eos=True)
-        BatchedDecoder(target, make(), warm).generate_all(prompts[:batch])  # allocator growth, kernel selection
-        alone = single_sequence(static, kind, prompts, truths, args, config) if single is not None else None
-        batched_window, alone_window = TimedWindow(target), TimedWindow(static)
-        runs, alone_runs = [], []
-        for _ in range(args.repeats):  # the single-sequence engine's runs interleaved with the batched ones
-            with batched_window.timed():
+        Decoder(target, make(), warm).generate_all(prompts[:batch])  # allocator growth, kernel selection
+        window = TimedWindow(target)
+        runs = []
+        for _ in range(args.repeats):
+            with window.timed():
                 runs.append(timed(static.device, lambda: (decoder.generate_all(prompts), decoder.stats)))
-            if alone is not None:
-                with alone_window.timed():
-                    alone_runs.append(timed(static.device, alone))
         (results, stats), wall, peak = sorted(runs, key=lambda r: r[1])[len(runs) // 2]  # the median run by wall time
         figures[kind] = {**summarize(results, wall, stats), "peak_memory_bytes": peak,
-                         "mean_active_slots": statistics.fmean(stats.active_per_step), **watched(batched_window)}
-        if alone is not None:
-            results, wall, peak = sorted(alone_runs, key=lambda r: r[1])[len(alone_runs) // 2]  # its median run
-            single[kind] = {**summarize(results, wall), "peak_memory_bytes": peak, **watched(alone_window)}
+                         "mean_active_slots": statistics.fmean(stats.active_per_step), **watched(window)}
         if kind != "plain":
             plain = figures["plain"]["throughput_tokens_per_s"]
             figures[kind]["speedup_vs_plain"] = figures[kind]["throughput_tokens_per_s"] / plain if plain else None
@@ -166,21 +150,6 @@ def measure_batch(static: StaticTarget, batch: int, prompts: list, truths: dict,
 def watched(window: TimedWindow) -> dict:
     """What the timed runs compiled (torch.compile graphs) and captured (seconds of CUDA graphs): 0 when warm."""
     return {"compiled_while_timed": window.compiled, "captured_while_timed_s": window.captured}
-
-
-def single_sequence(static: StaticTarget, kind: str, prompts: list, truths: dict, args, config):
-    """The single-sequence static engine at batch 1 decoding ``prompts`` one after another (``kind`` plain or oracle;
-    None for a kind it does not run), warmed up once; the returned callable is one timed run."""
-    if kind not in SINGLE_RUNS:
-        return None
-    truth = lambda p: ScriptedProposer(truths[tuple(p.tolist())], args.k, static.vocab_size)  # noqa: E731
-
-    def decode_all():
-        return [Decoder(static, None if kind == "plain" else truth(p), config).generate(p) for p in prompts]
-
-    Decoder(static, None if kind == "plain" else truth(prompts[0]),
-            GenerationConfig(max_new_tokens=4, ignore_eos=True)).generate(prompts[0])  # its graphs, never while timed
-    return decode_all
 
 
 def crossover(curve: list[dict], kind: str) -> int | None:
@@ -204,9 +173,6 @@ def table(report: dict) -> str:
                      _num(f.get("speedup_vs_plain"), 8, 2), _num(f["acceptance_rate"], 7, 2),
                      _num(f["mean_acceptance_length"], 5, 2), _num(f["peak_memory_bytes"], 9, 2, 2.0**-30)]
             lines.append(" ".join(cells))
-    single = report["single_sequence_batch_1"]
-    lines.append("single-sequence static engine, batch 1: " + ", ".join(
-        f"{kind} {single[kind]['throughput_tokens_per_s']:.1f} tok/s" for kind in single))
     for key, value in report["summary"].items():
         lines.append(f"{key}: {value}")
     return "\n".join(lines)
@@ -228,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("-k", "--k", type=int, default=3, help="draft tokens per step of the oracle and the profile")
     parser.add_argument("--repeats", type=int, default=1, help="timed runs per point; the median by wall time is kept")
     parser.add_argument("--fused-prefill", action="store_true",
-                        help="admissions through the fused group prefill (BatchedStaticTarget(fused_prefill=True))")
+                        help="admissions through the fused group prefill (StaticTarget(fused_prefill=True))")
     args = parser.parse_args(argv)
     args.batch_sizes = sorted(args.batch_sizes)
     if args.rounds < 1 or args.repeats < 1 or args.k < 1 or args.new_tokens < 2 or args.prompt_len < 1:
@@ -242,10 +208,10 @@ def main(argv: list[str] | None = None) -> int:
     prompts = [torch.randint(1, vocab, (args.prompt_len,), generator=generator) for _ in range(pool_size)]
     config = GenerationConfig(max_new_tokens=args.new_tokens, ignore_eos=True)
     # the oracle's script: each prompt's greedy continuation, K + 1 tokens beyond max_new_tokens (a step's draft is
-    # never shortened), from the batched plain engine at the largest B (the same numbers every point verifies)
-    scripter = BatchedStaticTarget.from_static_target(static, max(args.batch_sizes))
+    # never shortened), from plain decoding at the largest B (the same numbers every point verifies)
+    scripter = static.with_batch_size(max(args.batch_sizes))
     script = GenerationConfig(max_new_tokens=args.new_tokens + args.k + 1, ignore_eos=True)
-    outputs = BatchedDecoder(scripter, None, script).generate_all(prompts)
+    outputs = Decoder(scripter, None, script).generate_all(prompts)
     truths = {tuple(p.tolist()): r.output_token_ids for p, r in zip(prompts, outputs)}
     del scripter
 
@@ -256,14 +222,11 @@ def main(argv: list[str] | None = None) -> int:
                                  "fused_prefill": args.fused_prefill,
                                  "medusa_profile": list(MEDUSA_PROFILE)},
                     "curve": []}
-    single: dict = {}  # the single-sequence engine, measured beside the smallest B (B = 1's requests when it ran)
     for batch in args.batch_sizes:
-        report["curve"].append(measure_batch(static, batch, prompts[: batch * args.rounds], truths, args, config,
-                                             single if batch == args.batch_sizes[0] else None))
+        report["curve"].append(measure_batch(static, batch, prompts[: batch * args.rounds], truths, args, config))
         print(f"-- B={batch} done", flush=True)
         if device.type == "cuda":
             torch.cuda.empty_cache()
-    report["single_sequence_batch_1"] = single
     report["summary"] = summary(report)
     report["table"] = table(report)
     out = Path(args.out_dir)
@@ -274,14 +237,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def summary(report: dict) -> dict:
-    """The issue's comparisons: batched B = 1 over the single-sequence engine, plain largest B / B = 1, crossovers."""
+    """The curve's comparisons: plain largest B / B = 1 (whole run and decode phase), and the crossovers."""
     points = {p["batch_size"]: p for p in report["curve"]}
-    single = report["single_sequence_batch_1"]
     out: dict = {}
     if 1 in points:
-        for kind in ("plain", "oracle"):
-            batched, alone = points[1][kind]["throughput_tokens_per_s"], single[kind]["throughput_tokens_per_s"]
-            out[f"batch_1_{kind}_batched_over_single_sequence"] = batched / alone if batched and alone else None
         largest = max(points)
         for name in ("throughput_tokens_per_s", "decode_throughput_tokens_per_s"):
             low, high = points[1]["plain"][name], points[largest]["plain"][name]

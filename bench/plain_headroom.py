@@ -2,12 +2,14 @@
 per graph replay would give: the figures that pick the technique for plain decoding at 0.80 of the copy-bandwidth
 ceiling (docs/engines.md). Bench-only: the engine's code is not changed.
 
-One prompt, N new tokens, greedy, one process, on the static engine's target; each mode after a warm-up pass:
+One prompt, N new tokens, greedy, one process, on the static engine's target at batch size 1 (slot 0); each mode
+after a warm-up pass:
   loop      the engine's decode loop (Decoder without a proposer): what plain decoding runs today
   verify    target.verify, a host read of the argmax and commit per token: the loop without its bookkeeping
-  chained   the plain step's graph replayed back to back, the next token fed on the device (argmax into the step's
-            input, the cache length advanced on the device): no host read between steps
-  steps-K   K such steps captured as one CUDA graph, replayed N / K times (CUDA only)
+  chained   the plain step's graph replayed back to back (at each step's attention span), the next token fed on the
+            device (argmax into the step's input, the cache length advanced on the device): no host read between steps
+  steps-K   K such steps captured as one CUDA graph at the span of the run's last step, replayed N / K times (CUDA
+            only)
 Each mode's tokens are compared with the loop's (the same greedy continuation). Prints ms per token (decode steps
 after the first token) and the fraction of the ceiling (weight bytes / copy bandwidth), writes OUT/plain_headroom.json.
 
@@ -34,6 +36,10 @@ from speed_7b import copy_bandwidth  # noqa: E402
 
 from specbench.atomic_write import write_text_atomic  # noqa: E402
 from specbench.engine.decode import Decoder, GenerationConfig  # noqa: E402
+from specbench.engine.static_cache import attention_span  # noqa: E402
+from specbench.engine.step_inputs import SlotInput  # noqa: E402
+
+PLAIN = ("plain", 1)  # the plain step's (kind, width): its static buffers' key
 
 
 def loop_mode(target, prompt: torch.Tensor, n: int) -> tuple[list[int], float]:
@@ -43,23 +49,21 @@ def loop_mode(target, prompt: torch.Tensor, n: int) -> tuple[list[int], float]:
 
 
 def _start(target, prompt: torch.Tensor, n: int) -> int:
-    """Prefill ``prompt`` into a cache with room for ``n`` more tokens; the first output token."""
+    """Prefill ``prompt`` into slot 0 of a cache with room for ``n`` more tokens; the first output token."""
     target.reserve(prompt.numel() + n + 1, 0)
-    target.prepare_steps()
-    return int(target.prefill(prompt).logits[-1].argmax())
+    target.prepare_steps(prompt.numel(), ("plain",))  # every span's plain graph, never captured while timed
+    return int(target.prefill(0, prompt).logits[-1].argmax())
 
 
 def verify_mode(target, prompt: torch.Tensor, n: int) -> tuple[list[int], float]:
     """Per token: verify the last token, read its argmax on the host, commit."""
     tokens = [_start(target, prompt, n)]
-    ids = torch.zeros(1, dtype=torch.long, device=target.device)  # (1,) the step's input
-    depths = torch.zeros(1, dtype=torch.long, device=target.device)  # (1,) plain: no offset
     sync(target.device)
     start = time.perf_counter()
     for _ in range(n - 1):
-        ids.fill_(tokens[-1])
-        tokens.append(int(target.verify(ids, depths, None).logits[0].argmax()))
-        target.commit([0], num_verified=1)
+        logits = target.verify([SlotInput([tokens[-1]], [0])]).logits  # (1, 1, V)
+        tokens.append(int(logits[0, 0].argmax()))
+        target.commit([[0]])
     sync(target.device)
     return tokens, (time.perf_counter() - start) / (n - 1)
 
@@ -70,25 +74,30 @@ class DeviceSteps:
 
     def __init__(self, target, n: int):
         self.target = target
-        self.buffers = target._buffers["plain"]  # the plain kind's static inputs (a verify allocated them)
+        self.buffers = target._buffers[PLAIN]  # the plain kind's static inputs (a verify allocated them)
         self.out = torch.zeros(n, dtype=torch.long, device=target.device)  # (N,)
         self.count = torch.zeros(1, dtype=torch.long, device=target.device)  # (1,) tokens written
+
+    def span(self, length: int) -> int:
+        """The attention span of a plain step after ``length`` committed entries (host arithmetic, no read)."""
+        return attention_span(length + 1, self.target.cache_capacity)
 
     def _feed(self, logits: torch.Tensor) -> None:
         token = logits[:1].argmax(dim=-1)  # (1,)
         self.out.index_copy_(0, self.count, token)
         self.count.add_(1)
-        self.buffers.ids.copy_(token)
-        self.target._cache.length.add_(1)
+        self.buffers.ids.copy_(token[:, None])  # (B, W) = (1, 1)
+        self.target._cache.lengths.add_(1)  # (B,) = (1,)
 
-    def replayed(self) -> None:
-        """One step through the target's own plain graph (or its eager forward on the CPU)."""
-        logits, _, _ = self.target._step("plain", self.buffers)  # (1, V)
+    def replayed(self, length: int) -> None:
+        """One step after ``length`` committed entries through the target's own plain graph of that span (or its
+        eager forward on the CPU)."""
+        logits, _, _ = self.target._run(*PLAIN, self.span(length), self.buffers)  # (1, V)
         self._feed(logits)
 
-    def traced(self) -> None:
-        """One step as code a CUDA graph can capture."""
-        logits, _, _ = self.target._forward(self.buffers)  # (1, V)
+    def traced(self, span: int) -> None:
+        """One step over the first ``span`` cache entries, as code a CUDA graph can capture."""
+        logits, _, _ = self.target._forward(self.buffers, span)  # (1, V)
         self._feed(logits)
 
 
@@ -96,8 +105,7 @@ def _device_start(target, prompt: torch.Tensor, n: int) -> tuple[DeviceSteps, in
     """Prefill, then one ordinary plain verify (it allocates the plain buffers and captures the kind's graph) fed the
     first token and left uncommitted: the device steps commit by advancing the length, the first one this token."""
     first = _start(target, prompt, n)
-    target.verify(torch.tensor([first], device=target.device), torch.zeros(1, dtype=torch.long, device=target.device),
-                  None)
+    target.verify([SlotInput([first], [0])])
     target._pending = None  # its K/V are rewritten by the first device step, from the same input
     steps = DeviceSteps(target, n)
     steps.buffers.ids.fill_(first)
@@ -106,40 +114,43 @@ def _device_start(target, prompt: torch.Tensor, n: int) -> tuple[DeviceSteps, in
 
 def chained_mode(target, prompt: torch.Tensor, n: int) -> tuple[list[int], float]:
     steps, first = _device_start(target, prompt, n)
+    length = prompt.numel()
     sync(target.device)
     start = time.perf_counter()
-    for _ in range(n - 1):
-        steps.replayed()
+    for i in range(n - 1):
+        steps.replayed(length + i)
     sync(target.device)
     seconds = (time.perf_counter() - start) / (n - 1)
-    target._cache.host_length += n - 1
+    target._cache.host_lengths[0] += n - 1
     return [first, *steps.out[: n - 1].tolist()], seconds
 
 
 def steps_mode(target, prompt: torch.Tensor, n: int, k: int) -> tuple[list[int], float]:
-    """K device steps captured as one CUDA graph (warm-up on a side stream first, as capture requires)."""
+    """K device steps captured as one CUDA graph (warm-up on a side stream first, as capture requires), every step
+    over the span of the run's last step: one graph replays them all."""
     rounds = (n - 1) // k
     steps, first = _device_start(target, prompt, rounds * k + 1)
-    length, ids = target._cache.length.clone(), steps.buffers.ids.clone()
+    span = steps.span(prompt.numel() + rounds * k - 1)
+    length, ids = target._cache.lengths.clone(), steps.buffers.ids.clone()
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
-        steps.traced()  # warm-up: the same kernels the capture records
+        steps.traced(span)  # warm-up: the same kernels the capture records
     torch.cuda.current_stream().wait_stream(side)
-    target._cache.length.copy_(length)
+    target._cache.lengths.copy_(length)
     steps.buffers.ids.copy_(ids)
     steps.count.zero_()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         for _ in range(k):
-            steps.traced()
+            steps.traced(span)
     sync(target.device)
     start = time.perf_counter()
     for _ in range(rounds):
         graph.replay()
     sync(target.device)
     seconds = (time.perf_counter() - start) / (rounds * k)
-    target._cache.host_length += rounds * k
+    target._cache.host_lengths[0] += rounds * k
     return [first, *steps.out[: rounds * k].tolist()], seconds
 
 

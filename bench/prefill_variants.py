@@ -1,6 +1,6 @@
 """A batched admission's group prefill with its pointwise stages eager, or fused by torch.compile, side by side.
 
-The batched engine prefills every admission eagerly unless built with ``fused_prefill`` (engine/batched_prefill.py).
+The static engine prefills every admission eagerly unless built with ``fused_prefill`` (engine/group_prefill.py).
 At 32 prompts of 128 tokens a third of the eager forward is unfused pointwise work (docs/batching.md#admission). This script times one group
 prefill of n prompts, for each n of ``--groups``, under each stage variant:
 
@@ -39,15 +39,15 @@ from _phase_clock import sync, timed_calls  # noqa: E402
 from specbench.atomic_write import write_text_atomic  # noqa: E402
 from specbench.compile_watch import compiled_graphs  # noqa: E402
 from specbench.cli.arguments import list_argument_type  # noqa: E402
-from specbench.engine.batched_prefill import prefill_group  # noqa: E402
-from specbench.engine.batched_target import BatchedStaticTarget  # noqa: E402
+from specbench.engine.group_prefill import prefill_group  # noqa: E402
+from specbench.engine.static_target import StaticTarget  # noqa: E402
 from specbench.engine.static_ops import EAGER_OPS, StepOps, compiled_ops, compiled_prefill_ops  # noqa: E402
 from specbench.env import environment_fingerprint  # noqa: E402
 
 VARIANTS = ("eager", "fused", "shared")
 
 
-def variant_ops(name: str, target: BatchedStaticTarget) -> StepOps:
+def variant_ops(name: str, target: StaticTarget) -> StepOps:
     if name == "eager":
         return EAGER_OPS
     if name == "fused":
@@ -55,7 +55,7 @@ def variant_ops(name: str, target: BatchedStaticTarget) -> StepOps:
     return target._ops if target._ops.compiled else compiled_ops()  # the steps' stages
 
 
-def measure(target: BatchedStaticTarget, ops: StepOps, prompts: list[torch.Tensor], reps: int) -> tuple[dict, torch.Tensor]:
+def measure(target: StaticTarget, ops: StepOps, prompts: list[torch.Tensor], reps: int) -> tuple[dict, torch.Tensor]:
     """(first-call seconds and median wall ms of one group prefill of ``prompts`` into slots 0..n-1, its logits)."""
     slots = list(range(len(prompts)))
 
@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--variants from {', '.join(VARIANTS)} (got {', '.join(unknown) or 'those'}); --groups of at "
                      "least 2 prompts (one prompt takes the single-prompt prefill); --prompt-len and --reps >= 1")
     static, dtype = load_target(args)
-    target = BatchedStaticTarget.from_static_target(static, max(args.groups))
+    target = static.with_batch_size(max(args.groups))  # the weights shared
     target.reserve(args.prompt_len + 16)
     generator = torch.Generator().manual_seed(0)
     prompts = [torch.randint(0, static.vocab_size, (args.prompt_len,), generator=generator).to(static.device)

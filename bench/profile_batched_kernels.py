@@ -1,7 +1,7 @@
 """Where one batched verify step's GPU time goes as B grows: the step's replayed time and its kernels by kind.
 
-For each batch size B the batched static engine's plain step (width 1 per slot) and chain step (width K + 1)
-are timed as decoding replays them (CUDA graphs, every slot active, ``measure_batched_step_costs``'s medians),
+For each batch size B the static engine's plain step (width 1 per slot) and chain step (width K + 1)
+are timed as decoding replays them (CUDA graphs, every slot active, ``measure_step_costs``'s medians),
 then the same steps run eagerly under torch.profiler over the same module and cache, so every kernel shows
 up by name. Kernels are summed per step into kinds: matmul, attention, KV write (the index/scatter kernels),
 and the rest; the top kernels are listed as well. The cache holds ``--context`` entries per slot, as a run of
@@ -30,13 +30,12 @@ from _bench_target import add_target_arguments, load_target  # noqa: E402
 from _phase_clock import sync, timed_calls  # noqa: E402
 
 from specbench.atomic_write import write_text_atomic  # noqa: E402
-from specbench.engine.batched_cache import attention_span  # noqa: E402
+from specbench.engine.static_cache import attention_span  # noqa: E402
 from specbench.cli.arguments import list_argument_type  # noqa: E402
-from specbench.engine.batched_inputs import SlotInput, slot_input  # noqa: E402
-from specbench.engine.batched_target import BatchedStaticTarget  # noqa: E402
+from specbench.engine.step_inputs import SlotInput, slot_input  # noqa: E402
 from specbench.engine.draft import Draft  # noqa: E402
 from specbench.engine.static_target import StaticTarget  # noqa: E402
-from specbench.engine.step_costs import measure_batched_step_costs  # noqa: E402
+from specbench.engine.step_costs import measure_step_costs  # noqa: E402
 from specbench.env import environment_fingerprint  # noqa: E402
 
 # (kind, substrings of a kernel's name that put it there), the first match wins
@@ -55,13 +54,13 @@ def kind_of(name: str) -> str:
     return "other"
 
 
-def prefilled(target: BatchedStaticTarget, prompts: list[torch.Tensor]) -> list[int]:
+def prefilled(target: StaticTarget, prompts: list[torch.Tensor]) -> list[int]:
     """Every slot prefilled with its prompt (group prefill); each slot's root token (its greedy first output)."""
     outputs = target.prefill_many(list(range(target.batch_size)), prompts)
     return [int(out.logits[-1].argmax()) for out in outputs]
 
 
-def kernel_profile(target: BatchedStaticTarget, inputs: list[SlotInput], steps: int) -> dict:
+def kernel_profile(target: StaticTarget, inputs: list[SlotInput], steps: int) -> dict:
     """The kernels of ``steps`` eager verify + commit cycles (each truncated back), per step, by kind and by name."""
     lengths = {b: target.cache_length(b) for b in range(target.batch_size)}
     cycle = lambda: (target.verify(inputs), target.commit([[0]] * target.batch_size), target.truncate(lengths))  # noqa: E731
@@ -99,14 +98,14 @@ def profiled(device: torch.device, cycle, steps: int) -> dict:
 
 def measure(static: StaticTarget, batch: int, prompts: list, args) -> dict:
     point: dict = {"batch_size": batch}
-    graphed = BatchedStaticTarget.from_static_target(static, batch)
+    graphed = static.with_batch_size(batch)  # the weights shared
     graphed.reserve(args.context, args.k)
     chain = _Chain(args.k)
-    costs = measure_batched_step_costs(graphed, chain, prompts, reps=args.reps)
+    costs = measure_step_costs(graphed, chain, prompts, reps=args.reps)
     point["replayed"] = {"t1_ms": costs.t1_s * 1e3, "chain_ms": costs.verify_s * 1e3, "chain_width": costs.verify_width,
                          "cuda_graphs": graphed.cuda_graphs}
     del graphed
-    eager = BatchedStaticTarget.from_static_target(static, batch, cuda_graphs=False)
+    eager = static.with_batch_size(batch, cuda_graphs=False)
     eager.reserve(args.context, args.k)
     roots = prefilled(eager, [prompts[b % len(prompts)] for b in range(batch)])
     point["eager_plain"] = kernel_profile(eager, [SlotInput([r], [0]) for r in roots], args.profile_steps)
@@ -118,7 +117,7 @@ def measure(static: StaticTarget, batch: int, prompts: list, args) -> dict:
     return point
 
 
-def group_prefill(target: BatchedStaticTarget, prompts: list[torch.Tensor], reps: int) -> dict:
+def group_prefill(target: StaticTarget, prompts: list[torch.Tensor], reps: int) -> dict:
     """An admission of every slot at once (``prefill_many``, eager): its wall time (median of ``reps``, device
     synchronised) and its kernels by kind."""
     slots = list(range(target.batch_size))
@@ -134,7 +133,7 @@ def group_prefill(target: BatchedStaticTarget, prompts: list[torch.Tensor], reps
 
 
 class _Chain:
-    """A batched proposer drafting K copies of each slot's last token (the step's cost does not depend on them)."""
+    """A slot proposer drafting K copies of each slot's last token (the step's cost does not depend on them)."""
 
     needs_hidden_states = False
 
@@ -151,7 +150,7 @@ class _Chain:
 def attention_variants(batch: int, width: int, context: int, shape, dtype, device, reps: int) -> dict:
     """One layer's decode attention at (B, W) over ``context`` cache entries per slot, ms per call (median of
     ``reps``): SDPA with an additive bias over the whole cache and over the step's attention span (what the
-    step runs: engine/batched_cache.attention_span), SDPA's math backend, a plain matmul-softmax-matmul, and
+    step runs: engine/static_cache.attention_span), SDPA's math backend, a plain matmul-softmax-matmul, and
     SDPA without a mask over all entries."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.nn import functional as F

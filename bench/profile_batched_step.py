@@ -1,10 +1,10 @@
-"""Where the batched decode loop's per-step host time goes as B grows: wall time per phase on a tiny random Llama.
+"""Where the decode loop's per-step host time goes as B grows: wall time per phase on a tiny random Llama.
 
 Each phase is a method or function of the loop wrapped with ``time.perf_counter`` (the device synchronised
 around it on CUDA, so queued GPU work is charged to the phase that launched it); ``other`` is the step's time
 outside the named phases (building the verify inputs, the loop's own bookkeeping). Phases that the loop
-does not have are skipped, so the same script profiles older and newer forms of the loop. The model is tiny
-and eager, so on the CPU the figures are almost all host work: how it grows with B is the point.
+does not have are skipped. The model is tiny and eager, so on the CPU the figures are almost all host work: how
+it grows with B is the point.
 
     python bench/profile_batched_step.py [--batch-sizes 1,8,32] [--runs plain,medusa-chain,medusa-tree]
         [--new-tokens 32] [--device cpu] [--hidden 64] [--repeats 3] [--threads 1] [--json OUT.json]
@@ -27,40 +27,38 @@ from _phase_clock import PhaseClock  # noqa: E402
 
 from specbench.atomic_write import write_text_atomic  # noqa: E402
 from specbench.cli.arguments import list_argument_type  # noqa: E402
-from specbench.engine import batched_decode  # noqa: E402
-from specbench.engine.batched_decode import BatchedDecoder  # noqa: E402
-from specbench.engine.batched_target import BatchedStaticTarget  # noqa: E402
-from specbench.engine.decode import GenerationConfig  # noqa: E402
 from specbench.checkpoints.tiny import tiny_llama  # noqa: E402
+from specbench.engine import decode, static_target  # noqa: E402
+from specbench.engine.decode import Decoder, GenerationConfig  # noqa: E402
 from specbench.engine.static_target import StaticTarget  # noqa: E402
 from specbench.medusa.heads import MedusaHeads, MedusaHeadsConfig  # noqa: E402
 from specbench.proposers.batched import for_batch  # noqa: E402
 from specbench.proposers.medusa import MedusaProposer  # noqa: E402
 
 TREE = [[0], [1], [2], [0, 0], [0, 1], [1, 0], [0, 0, 0], [0, 0, 1], [0, 0, 0, 0]]
-# (phase, where it lives: "decoder", "target", "graphs", "module" = batched_decode's namespace or "history" = its
-# _History class, attribute); phases the loop lacks are skipped
+# (phase, where it lives: "decoder", "target", "graphs", "module" = engine/decode.py's namespace, "target_module" =
+# engine/static_target.py's or "history" = the loop's _History class, attribute); phases the loop lacks are skipped
 PHASES = (
     ("refill", "decoder", "_refill"),
     ("propose", "decoder", "_propose"),
-    ("pack", "target", "_fill"),
+    ("pack", "target_module", "fill_buffers"),
     ("forward", "graphs", "run"),
-    ("verify", "module", "verify_step"),
     ("verify", "module", "verify_batch"),
     ("readback", "module", "read_step"),
     ("commit", "target", "commit"),
     ("commit", "target", "commit_accepted"),
     ("history", "history", "record"),
-    ("advance", "decoder", "_advance"),
     ("advance", "decoder", "_record"),
     ("finish", "decoder", "_finish"),
 )
+SHARED = ("module", "target_module", "history")  # wrapped for every object: restored after the run
 
 
-def instrument(clock: PhaseClock, decoder: BatchedDecoder) -> list:
-    """Wrap the loop's phases (instance attributes, batched_decode's functions); returns the undo list."""
-    owners = {"decoder": decoder, "target": decoder.target, "graphs": decoder.target.graphs, "module": batched_decode,
-              "history": getattr(batched_decode, "_History", None)}  # a class: its method is wrapped, then restored
+def instrument(clock: PhaseClock, decoder: Decoder) -> list:
+    """Wrap the loop's phases (instance attributes, the engine modules' functions); returns the undo list."""
+    owners = {"decoder": decoder, "target": decoder.target, "graphs": decoder.target.graphs, "module": decode,
+              "target_module": static_target,
+              "history": getattr(decode, "_History", None)}  # a class: its method is wrapped, then restored
     undo = []
     for name, where, attribute in PHASES:
         owner = owners[where]
@@ -68,7 +66,7 @@ def instrument(clock: PhaseClock, decoder: BatchedDecoder) -> list:
             continue
         original = getattr(owner, attribute)
         setattr(owner, attribute, clock.wrap(name, original))
-        undo.append((owner, attribute, original, where in ("module", "history")))
+        undo.append((owner, attribute, original, where in SHARED))
     decoder._step = clock.wrap("step", decoder._step)
     return undo
 
@@ -97,9 +95,9 @@ def profile(static, heads, run: str, batch: int, args) -> dict:
     gen = torch.Generator().manual_seed(batch)
     prompts = [torch.randint(0, args.vocab, (int(n),), generator=gen) for n in torch.randint(4, 24, (2 * batch,), generator=gen)]
     config = GenerationConfig(max_new_tokens=args.new_tokens, ignore_eos=True)
-    target = BatchedStaticTarget.from_static_target(static, batch)
-    BatchedDecoder(target, for_batch(proposer_for(run, static, heads), batch), config).generate_all(prompts[:batch])
-    decoder = BatchedDecoder(target, for_batch(proposer_for(run, static, heads), batch), config)
+    target = static.with_batch_size(batch)  # the weights shared
+    Decoder(target, for_batch(proposer_for(run, static, heads), batch), config).generate_all(prompts[:batch])
+    decoder = Decoder(target, for_batch(proposer_for(run, static, heads), batch), config)
     clock = PhaseClock(static.device)
     undo = instrument(clock, decoder)
     try:

@@ -1,7 +1,7 @@
 """Where a speculative decoding step's time goes, on the 7B shape (or any target): per-phase wall time
-(propose, target forward, verdict, KV commit), synchronising the device after each phase so GPU work is
-charged to the phase that queued it, then a torch.profiler table of the same decoding, for plain
-decoding and for an oracle chain at full acceptance, with the kernels launched per step.
+(propose, target forward, verdict, its readback, KV commit), synchronising the device after each phase so GPU
+work is charged to the phase that queued it, then a torch.profiler table of the same decoding, for plain decoding
+and for an oracle chain at full acceptance, with the kernels launched per step.
 
 For the static engine the phases run with its CUDA graphs (as decoding does) and the profiler tables
 over the same model without graphs, so each kernel a graph replays shows up by name.
@@ -47,15 +47,17 @@ class PhaseClock(_PhaseClock):
 
 def phase_breakdown(target, proposer, prompt: torch.Tensor, new_tokens: int, title: str) -> str:
     clock = PhaseClock(target.device)
-    originals = (target.verify, target.commit, decode.verify)
-    target.verify, target.commit = clock.wrap("forward", target.verify), clock.wrap("commit", target.commit)
-    decode.verify = clock.wrap("verdict", decode.verify)
+    originals = (target.verify, target.commit_accepted, decode.verify_batch, decode.read_step)
+    target.verify = clock.wrap("forward", target.verify)
+    target.commit_accepted = clock.wrap("commit", target.commit_accepted)  # the loop's commit, once per step
+    decode.verify_batch = clock.wrap("verdict", decode.verify_batch)  # greedy verification on the device
+    decode.read_step = clock.wrap("readback", decode.read_step)  # the step's one device-to-host read
     if proposer is not None:
         proposer.propose = clock.wrap("propose", proposer.propose)
     try:
         result = Decoder(target, proposer, GenerationConfig(max_new_tokens=new_tokens, ignore_eos=True)).generate(prompt)
     finally:
-        target.verify, target.commit, decode.verify = originals
+        target.verify, target.commit_accepted, decode.verify_batch, decode.read_step = originals
         if proposer is not None:
             del proposer.propose
     steps = clock.calls["commit"]
@@ -96,7 +98,7 @@ def main() -> int:
     if args.engine == "static":
         target = StaticTarget.from_pretrained(directory, dtype=dtype, device=device)
         # the same module without graphs, for the profiler's per-kernel tables
-        profiled = StaticTarget(target.module, target.config, max_context=target.max_context, cuda_graphs=False)
+        profiled = target.with_batch_size(1, cuda_graphs=False)
     else:
         target = profiled = HFTarget(load_target_model(directory, dtype=dtype, device=str(device)))
     prompt = torch.randint(3, target.vocab_size, (args.prompt_len,), generator=torch.Generator().manual_seed(0))

@@ -34,6 +34,7 @@ from specbench.engine.decode import Decoder, GenerationConfig  # noqa: E402
 from specbench.engine.draft import Draft  # noqa: E402
 from specbench.engine.hf_target import HFTarget  # noqa: E402
 from specbench.engine.static_target import StaticTarget  # noqa: E402
+from specbench.engine.step_inputs import slot_input  # noqa: E402
 from specbench.env import environment_fingerprint  # noqa: E402
 from specbench.proposers.scripted import ScriptedProposer  # noqa: E402
 
@@ -60,23 +61,21 @@ def copy_bandwidth(device, gib: float = 4.0, reps: int = 10) -> float:
 
 
 def time_verify(target, prompt: torch.Tensor, draft: Draft, reps: int) -> float:
-    """Median seconds of one verification forward of ``[root] + draft`` after ``prompt`` (the first two
-    calls warm up: for the static engine they size the kind's width and capture its graph)."""
+    """Median seconds of one verification forward of ``[root] + draft`` after ``prompt`` in slot 0 (the first two
+    calls warm up: for the static engine they capture the kind's graph)."""
     target.reserve(prompt.numel() + 80, len(draft))  # the draft kind's fixed width: exactly this draft
-    target.prefill(prompt)
-    length = target.cache_length
-    ids = torch.cat([prompt[-1:], draft.tokens])
-    mask = None if draft.is_chain else draft.tree_mask()
-    depths = draft.depths()
+    target.prefill(0, prompt)
+    length = prompt.numel()
+    step = [slot_input(int(prompt[-1]), draft, target.device)]  # the root: the prompt's last token
     times = []
     for _ in range(reps + 2):
         sync(target.device)
         start = time.perf_counter()
-        target.verify(ids, depths, mask)
+        target.verify(step)
         sync(target.device)
         times.append(time.perf_counter() - start)
-        target.commit([0], num_verified=ids.numel())
-        target.truncate(length)  # back to the prompt: every rep verifies from the same cache state
+        target.commit([[0]])
+        target.truncate({0: length})  # back to the prompt: every rep verifies from the same cache state
     return statistics.median(times[2:])
 
 
@@ -179,13 +178,14 @@ def measure_engine(target, prompt, truth, args) -> dict:
 def measure_draft_model(target, prompt, args) -> dict:
     """A draft model's cost per step on this target: the synthetic ~1B Llama (``--draft-dir``, same 32,000
     vocabulary) drafting K=3 on the target's engine, step costs timed as the harness does, and tok/s."""
+    from specbench.engine.slot_proposer import PerSlotProposer
     from specbench.engine.step_costs import measure_step_costs
     from specbench.proposers.draft_model import DraftModelProposer
 
     proposer = DraftModelProposer.from_options(target, path=str(Path(args.draft_dir) / "target"), num_speculative_tokens=3)
     proposer.reserve(prompt.numel() + args.new_tokens + 80)
     decode_rate(target, proposer, prompt, 8)  # warm-up: the draft's own graphs are captured here
-    costs = measure_step_costs(target, proposer, prompt, reps=args.reps)
+    costs = measure_step_costs(target, PerSlotProposer([proposer]), [prompt], reps=args.reps)  # as Decoder wraps it
     rate = decode_rate(target, proposer, prompt, args.new_tokens)
     return {**costs.to_dict(), "tokens_per_s": rate["tokens_per_s"], "mean_acceptance_length": rate["mean_acceptance_length"],
             "draft_capture_seconds": getattr(proposer.draft, "capture_seconds", 0.0)}

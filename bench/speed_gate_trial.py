@@ -46,6 +46,8 @@ from specbench import strict_json  # noqa: E402
 from specbench.atomic_write import write_text_atomic  # noqa: E402
 from specbench.case_requirements import expand_ref, missing_checkpoint, unmet_requirements  # noqa: E402
 from specbench.cases import find_case, with_overrides  # noqa: E402
+from specbench.engine.proposer import Proposer  # noqa: E402
+from specbench.engine.slot_proposer import PerSlotProposer  # noqa: E402
 from specbench.gating.gates import SPEED_METRICS, compare_entry, resolve_tolerances  # noqa: E402
 from specbench.gating.regenerate import baseline_entry  # noqa: E402
 from specbench.gating.stability import metric_spread, pairwise_false_failures  # noqa: E402
@@ -96,6 +98,12 @@ def graphs_off_target(case):
         target = StaticTarget.from_pretrained(expand_ref(case.target), dtype=dtype, device=case.device,
                                               cuda_graphs=False)
     return target, build_proposer(case, target)
+
+
+def slowed_proposer(proposer, spin: Spin) -> Slowed:
+    """``proposer`` with ``spin`` after each ``propose``, in the slot form the decode loop calls: a per-sequence
+    proposer as the one slot Decoder would make of it (Decoder takes any other object for a slot proposer)."""
+    return Slowed(PerSlotProposer([proposer]) if isinstance(proposer, Proposer) else proposer, "propose", spin)
 
 
 def unavailable(case) -> str | None:
@@ -243,7 +251,7 @@ def run_job(trial, case, state, job) -> None:
     if kind in PLACES:
         spin = Spin(case.device, value * state["baseline"]["t1_s"], trial.doc["cuda_sleep_cycles_per_s"])
         target = Slowed(target, "verify", spin) if kind == "verify" else target
-        proposer = Slowed(proposer, "propose", spin) if kind == "proposer" else proposer
+        proposer = slowed_proposer(proposer, spin) if kind == "proposer" else proposer
     if kind == "graphs_off":
         target, proposer = graphs_off_target(case)
     result, state["last_seconds"] = timed_run(case, target, tokenizer, proposer)

@@ -10,12 +10,10 @@ import torch
 from tqdm.auto import tqdm
 
 from specbench.cases import OVERRIDABLE, SWEEPABLE, Case, with_overrides
-from specbench.engine.batched_decode import BatchedDecoder
-from specbench.proposers.batched import for_batch
-from specbench.engine.batched_target import BatchedStaticTarget
-from specbench.engine.decode import GenerationConfig
+from specbench.engine.decode import Decoder, GenerationConfig
 from specbench.engine.static_target import StaticTarget
-from specbench.engine.step_costs import measure_batched_step_costs
+from specbench.proposers.batched import for_batch
+from specbench.engine.step_costs import measure_step_costs
 from specbench.engine import kernel_choices
 from specbench.env import environment_fingerprint
 from specbench.gating.curves import curve_name
@@ -46,13 +44,13 @@ def _peak_memory(device: torch.device) -> int | None:
 
 
 def batched_target_for(case: Case, target=None, tokenizer=None):
-    """(BatchedStaticTarget of ``case.batch_size`` slots, the StaticTarget whose weights it shares, tokenizer)."""
+    """(StaticTarget of ``case.batch_size`` slots, the one-slot StaticTarget whose weights it shares, tokenizer)."""
     if target is None:
         target, tokenizer = load_target(case)
     if not isinstance(target, StaticTarget):
         raise ValueError(f"case {case.case_id}: batch_size needs the static engine's StaticTarget, got "
                          f"{type(target).__name__}; set engine = \"static\"")
-    return BatchedStaticTarget.from_static_target(target, case.batch_size), target, tokenizer
+    return target.with_batch_size(case.batch_size), target, tokenizer
 
 
 def batched_form(case: Case, static: StaticTarget, proposer, batch_size: int):
@@ -63,7 +61,7 @@ def batched_form(case: Case, static: StaticTarget, proposer, batch_size: int):
     return for_batch(proposer, batch_size, factory=lambda: build_proposer(case, static))
 
 
-def _timed_run(decoder: BatchedDecoder, prompts: list, seeds: list[int], device) -> tuple[list, float]:
+def _timed_run(decoder: Decoder, prompts: list, seeds: list[int], device) -> tuple[list, float]:
     """(results in prompt order, wall seconds of the whole batched run, device synchronised around it)."""
     _synchronize(device)
     start = time.perf_counter()
@@ -79,7 +77,7 @@ def throughput(results: list, wall_s: float) -> float:
 
 def batch_repeat_record(repeat: int, records: list[dict], spec: list, spec_s: float, plain: list, plain_s: float,
                         costs) -> dict:
-    """One repeat of a batched run: repeat_record's figures, from its step costs at B (``BatchedStepCosts`` or its
+    """One repeat of a batched run: repeat_record's figures, from its step costs at B (``StepCosts`` or its
     dict), plus its throughputs."""
     record = repeat_record(repeat, records, costs)
     spec_rate, plain_rate = throughput(spec, spec_s), throughput(plain, plain_s)
@@ -99,7 +97,7 @@ def batch_metrics(case: Case, spec: list, peak: int | None) -> dict:
 
 
 def run_batched_case(case: Case, *, progress: bool = True, target=None, tokenizer=None, proposer=None):
-    """Run ``case`` at ``case.batch_size`` through the BatchedDecoder: plain batched decoding, then speculative,
+    """Run ``case`` at ``case.batch_size`` through the Decoder: plain batched decoding, then speculative,
     per repeat, over the whole prompt set with the same seeds, then the step costs at B; per-request records as
     run_case writes them."""
     if case.batch_sizes is not None:
@@ -117,14 +115,14 @@ def run_batched_case(case: Case, *, progress: bool = True, target=None, tokenize
     # the memory check (bytes needed and free) and the one cache allocation, before per-slot state or warm-up
     target.reserve(max(p.numel() for p in ids) + case.max_new_tokens + room, room)
     batched_proposer = batched_form(case, static, proposer, case.batch_size)
-    plain_decoder, spec_decoder = BatchedDecoder(target, None, config), BatchedDecoder(target, batched_proposer, config)
+    plain_decoder, spec_decoder = Decoder(target, None, config), Decoder(target, batched_proposer, config)
     # every graph the whole prompt set can replay (prefills, steps at every span, the proposer's at its full size),
     # before the warm-up, which decodes fewer prompts: nothing is captured once the clock runs
     spec_decoder.prepare(ids)
 
     warm = GenerationConfig(max_new_tokens=min(4, case.max_new_tokens), sampling=config.sampling, seed=case.seed)
     for proposer_now in (None, batched_proposer):  # first calls pay for allocator growth and kernel selection
-        BatchedDecoder(target, proposer_now, warm).generate_all(ids[: case.batch_size])
+        Decoder(target, proposer_now, warm).generate_all(ids[: case.batch_size])
 
     _reset_peak_memory(target.device)
     window = TimedWindow(target, batched_proposer)  # what the timed runs compiled or captured (none, when warm)
@@ -139,7 +137,7 @@ def run_batched_case(case: Case, *, progress: bool = True, target=None, tokenize
         bar.update()
         peaks.append(_peak_memory(target.device))  # the timed runs' peak, not the step costs'
         # T(1), T(W) and propose at B, all slots active, on the same target between runs (docs/batching.md)
-        costs = measure_batched_step_costs(target, batched_proposer, ids)
+        costs = measure_step_costs(target, batched_proposer, ids)
         _reset_peak_memory(target.device)
         now = [_request_record(pid, s, p, repeat) for (pid, _), s, p in zip(prompts, spec, plain)]
         records += now

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import datetime as _dt
 
+import torch
+
 from tqdm.auto import tqdm
 
 from specbench.cases import Case
@@ -27,13 +29,9 @@ def decode_case(case: Case, target, tokenizer, proposer, *, progress: bool = Tru
     plain_decoder = Decoder(target, None, config)
     spec_decoder = Decoder(target, proposer, config)
     prompts, prompt_source = load_prompt_ids(case, tokenizer, target.vocab_size)
-    # the longest request's cache before the warm-up: a static target that grew mid-run would allocate
-    # and capture its graphs inside a timed request
-    room = proposer.max_draft_tokens if proposer else 0
-    target.reserve(max(len(ids) for _, ids in prompts) + case.max_new_tokens + room, room)
-    target.prepare_prefills([len(ids) for _, ids in prompts])  # every prompt's prefill graph, none captured mid-run
-    if proposer is not None:
-        proposer.reserve(max(len(ids) for _, ids in prompts) + case.max_new_tokens + room)
+    # the longest request's cache and every graph the prompt set replays, before the warm-up: a static target that
+    # grew or captured mid-run would do it inside a timed request
+    spec_decoder.prepare([torch.as_tensor(ids, dtype=torch.long) for _, ids in prompts])
 
     # warm-up: first calls pay for allocator growth and kernel selection; keep them out of timings
     warm = GenerationConfig(max_new_tokens=min(4, case.max_new_tokens), sampling=sampling, seed=case.seed)
@@ -52,7 +50,7 @@ def decode_case(case: Case, target, tokenizer, proposer, *, progress: bool = Tru
             plain_now.append(plain)
             spec_now.append(spec)
             records.append(_request_record(prompt_id, spec, plain, repeat))
-        costs = measure_step_costs(target, proposer, prompts[0][1])
+        costs = measure_step_costs(target, spec_decoder.proposer, [prompts[0][1]])
         repeats.append(repeat_record(repeat, records[-len(prompts):], costs))
         if repeat == 0:  # every repeat decodes the same tokens (same seeds): counters come from the first
             plain_results, spec_results = plain_now, spec_now

@@ -1,19 +1,19 @@
-"""Single-sequence decodes that also record every draft a proposer made, for the batched-proposer tests."""
+"""Decodes of one request at a time that also record every draft a proposer made, for the batched-proposer tests."""
 
 from __future__ import annotations
 
 from specbench.engine.decode import Decoder
 
 
-def decode_alone_recording(static, make, prompts, config):
-    """Each prompt through the single-sequence Decoder with a fresh ``make()`` proposer; (results, each request's
-    drafts as token lists)."""
+def decode_alone_recording(target, make, prompts, config):
+    """Each prompt alone through the Decoder on ``target`` (the eager reference, or a static target of batch size 1)
+    with a fresh ``make()`` proposer; (results, each request's drafts as token lists)."""
     results, drafts = [], []
     for prompt in prompts:
         proposer, seen = make(), []
         propose = proposer.propose
         proposer.propose = lambda state, propose=propose, seen=seen: _keep(seen, propose(state))
-        results.append(Decoder(static, proposer, config).generate(prompt))
+        results.append(Decoder(target, proposer, config).generate(prompt))
         drafts.append(seen)
     return results, drafts
 

@@ -1,4 +1,4 @@
-"""A batched step attends over its longest slot's entries rounded up to a span (engine/batched_cache.attention_span),
+"""A step attends over its longest slot's entries rounded up to a span (engine/static_cache.attention_span),
 not the whole cache: the spans' ladder, the same logits as over the whole cache, every span's graph captured before a
 run (prepare_steps) and writing one shared set of outputs."""
 
@@ -8,11 +8,10 @@ import pytest
 import torch
 
 from _prompts import random_prompt
-from specbench.engine import batched_target as batched_module
-from specbench.engine.batched_cache import attention_span, attention_spans
-from specbench.engine.batched_inputs import SlotInput
-from specbench.engine.batched_target import BatchedStaticTarget
+from specbench.engine import static_target as static_module
+from specbench.engine.static_cache import attention_span, attention_spans
 from specbench.engine.static_target import StaticTarget
+from specbench.engine.step_inputs import SlotInput
 from test_batched_engine import tiny_llama_model
 from test_batched_graphs import FakeCapture
 
@@ -40,8 +39,8 @@ def static():
     return StaticTarget.from_hf_model(tiny_llama_model())
 
 
-def prefilled(static, batch: int = 2, capacity: int = 200, **options) -> BatchedStaticTarget:
-    target = BatchedStaticTarget.from_static_target(static, batch, **options)
+def prefilled(static, batch: int = 2, capacity: int = 200, **options) -> StaticTarget:
+    target = static.with_batch_size(batch, **options)
     target.reserve(capacity, 3)
     for slot in range(batch):
         target.prefill(slot, random_prompt(9 + 20 * slot, slot))
@@ -70,7 +69,7 @@ def test_a_step_over_its_span_scores_as_over_the_whole_cache(static, monkeypatch
         return out, [n for x, n in zip(inputs, range(2)) if x is not None]
 
     spanned, live = scored()
-    monkeypatch.setattr(batched_module, "attention_span", lambda needed, capacity: capacity)
+    monkeypatch.setattr(static_module, "attention_span", lambda needed, capacity: capacity)
     whole, _ = scored()
     for slot in live:  # every real node's scores, idle and padded rows aside
         n = len(inputs[slot])
@@ -98,7 +97,7 @@ def test_prepare_steps_captures_every_span_once_and_the_spans_share_their_output
 
 def test_prepare_steps_refuses_without_a_cache_mid_step_or_without_room(static):
     with pytest.raises(ValueError, match="prepare_steps before reserve"):
-        BatchedStaticTarget.from_static_target(static, 1).prepare_steps()
+        static.with_batch_size(1).prepare_steps()
     target = prefilled(static, capacity=40, cuda_graphs=True, graph_backend=FakeCapture())
     target.verify([SlotInput(torch.tensor([3]), torch.zeros(1, dtype=torch.long)), None])
     with pytest.raises(ValueError, match="between a verify and its commit"):

@@ -25,24 +25,35 @@ def exactly(message: str) -> str:
     return f"^{re.escape(message)}$"
 
 
-def context_message(prompt_len: int, max_new_tokens: int, draft_room: int, limit: int) -> str:
+def context_message(prompt_len: int, max_new_tokens: int, draft_room: int, limit: int, index: int = 0) -> str:
     needed = prompt_len + max_new_tokens + draft_room
     return (
-        f"context length exceeded: prompt ({prompt_len} tokens) + max_new_tokens ({max_new_tokens}) + draft tokens "
-        f"per step ({draft_room}) = {needed} > the target's max context {limit}; shorten the prompt or lower max_new_tokens"
+        f"context length exceeded: prompt {index} ({prompt_len} tokens) + max_new_tokens ({max_new_tokens}) + draft "
+        f"tokens per step ({draft_room}) = {needed} > the target's max context {limit}; shorten the prompt or lower "
+        "max_new_tokens"
     )
 
 
+def empty_message(index: int) -> str:
+    return f"prompt {index} is empty: at least one prompt token is needed to start decoding"
+
+
 def test_empty_prompt(tiny_target):
-    with pytest.raises(ValueError, match=exactly("prompt is empty: at least one prompt token is needed to start decoding")):
-        Decoder(tiny_target, None, GenerationConfig(max_new_tokens=4)).generate(torch.empty(0, dtype=torch.long))
+    decoder = Decoder(tiny_target, None, GenerationConfig(max_new_tokens=4))
+    with pytest.raises(ValueError, match=exactly(empty_message(0))):
+        decoder.generate(torch.empty(0, dtype=torch.long))
+    with pytest.raises(ValueError, match=exactly(empty_message(1))):  # a queue's message names which prompt
+        decoder.generate_all([random_prompt(3, 0), torch.empty(0, dtype=torch.long)])
 
 
 def test_prompt_longer_than_context(tiny_target):
     limit = tiny_target.max_context
     too_long = random_prompt(limit + 1, 0)
+    decoder = Decoder(tiny_target, None, GenerationConfig(max_new_tokens=4))
     with pytest.raises(ValueError, match=exactly(context_message(limit + 1, 4, 0, limit))):
-        Decoder(tiny_target, None, GenerationConfig(max_new_tokens=4)).generate(too_long)
+        decoder.generate(too_long)
+    with pytest.raises(ValueError, match=exactly(context_message(limit + 1, 4, 0, limit, index=2))):
+        decoder.generate_all([random_prompt(3, 0), random_prompt(limit - 4, 1), too_long])  # limit - 4 + 4: fits
 
 
 def test_draft_room_counts_against_the_context(tiny_target):

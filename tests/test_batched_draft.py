@@ -1,16 +1,15 @@
-"""The batched draft-model proposer: on the reference model and its draft (fp32, CPU, greedy) every request of a
-batched run drafts exactly what the single-sequence proposer drafts and produces the tokens and counters it
-produces alone, at B = 1, 3 and B larger than the queue (mixed prompt lengths, EOS at different steps, refills);
-``for_batch`` picks it; the draft runs K batched forwards per verify step whatever B and the step's readback stays
-its one host read; a sampled draft stays per slot."""
+"""The batched draft-model proposer: on the reference model and its draft (fp32, CPU, greedy) every request of a run
+at B = 1, 3 and B larger than the queue drafts exactly what the per-sequence proposer drafts alone on the eager
+reference target and produces the tokens and counters it produces there (mixed prompt lengths, EOS at different
+steps, refills); ``for_batch`` picks it; the draft runs K batched forwards per verify step whatever B and the step's
+readback stays its one host read; a sampled draft stays per slot."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from specbench.engine.batched_decode import BatchedDecoder
-from specbench.engine.batched_target import BatchedStaticTarget
+from specbench.engine.decode import Decoder
 from specbench.engine.static_target import StaticTarget
 from specbench.proposers.batched import for_batch
 from specbench.proposers.batched_draft import BatchedDraftModelProposer, PerSlotDraftModelProposer
@@ -22,6 +21,7 @@ from test_batched_graphs import FakeCapture
 from test_batched_host_sync import counted_run
 
 reference = test_batched_engine.reference  # the fixture: the reference target, 4 prompts, its GenerationConfig
+reference_eager = test_batched_engine.reference_eager  # the fixture: the eager reference over the same checkpoint
 
 DRAFT = "specbench-ref/gsm8k-tiny-draft"
 
@@ -31,9 +31,9 @@ def draft_model():
     return StaticTarget.from_pretrained(DRAFT, dtype=torch.float32, device="cpu")
 
 
-def single_proposer(static, draft, k: int, temperature: float = 0.0) -> DraftModelProposer:
-    """A single-sequence draft-model proposer with its own draft cache over the shared draft weights."""
-    return DraftModelProposer.from_options(static, draft=StaticTarget(draft.module, draft.config),
+def single_proposer(target, draft, k: int, temperature: float = 0.0) -> DraftModelProposer:
+    """A per-sequence draft-model proposer for ``target`` with its own draft cache over the shared draft weights."""
+    return DraftModelProposer.from_options(target, draft=StaticTarget(draft.module, draft.config),
                                            num_speculative_tokens=k, temperature=temperature)
 
 
@@ -43,7 +43,7 @@ def draft_forwards(proposer: BatchedDraftModelProposer) -> int:
 
 
 def decode_batched_recording(static, draft, prompts, config, k: int, batch_size: int):
-    """The prompts through BatchedDecoder with ``for_batch``'s form of the draft-model proposer; returns (results,
+    """The prompts through Decoder with ``for_batch``'s form of the draft-model proposer; returns (results,
     decoder, each request's drafts, per propose call (active slots, slots new to the draft, draft forwards))."""
     proposer = for_batch(single_proposer(static, draft, k), batch_size)
     assert isinstance(proposer, BatchedDraftModelProposer)
@@ -65,18 +65,19 @@ def decode_batched_recording(static, draft, prompts, config, k: int, batch_size:
         return out
 
     proposer.begin_request, proposer.propose = begin_request, propose_recording
-    decoder = BatchedDecoder(BatchedStaticTarget.from_static_target(static, batch_size), proposer, config)
+    decoder = Decoder(static.with_batch_size(batch_size), proposer, config)
     return decoder.generate_all(prompts), decoder, drafts, calls
 
 
 @pytest.fixture(scope="module")
-def alone_k3(reference, draft_model):
-    static, _, prompts, config = reference
-    return decode_alone_recording(static, lambda: single_proposer(static, draft_model, 3), prompts, config)
+def alone_k3(reference, reference_eager, draft_model):
+    _, _, prompts, config = reference
+    return decode_alone_recording(reference_eager, lambda: single_proposer(reference_eager, draft_model, 3), prompts,
+                                  config)
 
 
 @pytest.mark.parametrize("batch_size", [1, 3, 6])  # 6 > the 4 prompts: idle slots from the start
-def test_batched_draft_model_equals_the_single_sequence_run(reference, draft_model, alone_k3, batch_size):
+def test_batched_draft_model_equals_the_eager_reference_run(reference, draft_model, alone_k3, batch_size):
     static, _, prompts, config = reference
     alone, alone_drafts = alone_k3
     assert len({p.numel() for p in prompts}) == len(prompts)  # mixed prompt lengths
@@ -98,10 +99,11 @@ def test_batched_draft_model_equals_the_single_sequence_run(reference, draft_mod
 
 
 @pytest.mark.parametrize("k", [1, 5])
-def test_other_draft_lengths_equal_the_single_sequence_run(reference, draft_model, k):
+def test_other_draft_lengths_equal_the_eager_reference_run(reference, reference_eager, draft_model, k):
     """K = 1 (the catch-up step alone) and a K whose accepted runs reach the two-token catch-up."""
     static, _, prompts, config = reference
-    alone, alone_drafts = decode_alone_recording(static, lambda: single_proposer(static, draft_model, k), prompts[:3], config)
+    make = lambda: single_proposer(reference_eager, draft_model, k)  # noqa: E731
+    alone, alone_drafts = decode_alone_recording(reference_eager, make, prompts[:3], config)
     batched, decoder, drafts, calls = decode_batched_recording(static, draft_model, prompts[:3], config, k, 2)
     assert drafts == alone_drafts
     assert_each_request_as_alone(batched, alone)
@@ -127,8 +129,8 @@ def test_the_draft_steps_replay_captured_graphs_as_eagerly(reference, draft_mode
     once, before the run (prepare_steps), and replays them."""
     static, _, prompts, config = reference
     proposer = for_batch(single_proposer(static, draft_model, 3), 3)
-    proposer.target = BatchedStaticTarget.from_static_target(draft_model, 3, cuda_graphs=True, graph_backend=FakeCapture())
-    decoder = BatchedDecoder(BatchedStaticTarget.from_static_target(static, 3), proposer, config)
+    proposer.target = draft_model.with_batch_size(3, cuda_graphs=True, graph_backend=FakeCapture())
+    decoder = Decoder(static.with_batch_size(3), proposer, config)
     proposer.reserve(max(p.numel() for p in prompts) + config.max_new_tokens + 3)  # what the decoder's reserve asks
     graphs = proposer.target.graphs
     prepared = dict(graphs.captures)
@@ -155,7 +157,7 @@ def test_for_batch_keeps_a_sampled_draft_per_slot(reference, draft_model):
 
 
 def test_truncate_refuses_lengths_beyond_the_committed_cache(draft_model):
-    target = BatchedStaticTarget.from_static_target(draft_model, 2)
+    target = draft_model.with_batch_size(2)
     target.reserve(32, 1)
     target.prefill(0, torch.arange(3, 9))
     target.truncate({0: 4})

@@ -1,8 +1,8 @@
 """The batched EAGLE proposer: on a tiny random Llama with random EAGLE-1/2 and EAGLE-3 heads (fp32, CPU, greedy),
-every request of a batched run drafts exactly what the single-sequence proposer drafts and produces the tokens
-and counters it produces alone, for the chain, the static and the dynamic tree at B = 1, 3 and B larger than the
-queue (mixed prompt lengths, EOS at different steps, refills); ``for_batch`` picks it; the head runs
-1 + (depth - 1) forwards per propose call whatever B and propose reads nothing back; the same on the reference
+every request of a run at B = 1, 3 and B larger than the queue drafts exactly what the per-sequence proposer drafts
+alone on the eager reference target and produces the tokens and counters it produces there, for the chain, the
+static and the dynamic tree (mixed prompt lengths, EOS at different steps, refills); ``for_batch`` picks it; the head
+runs 1 + (depth - 1) forwards per propose call whatever B and propose reads nothing back; the same on the reference
 target's shipped heads."""
 
 from __future__ import annotations
@@ -11,9 +11,8 @@ import pytest
 import torch
 
 from specbench.eagle.draft_head import BatchedDraftKVCache, DraftKVCache
-from specbench.engine.batched_decode import BatchedDecoder
-from specbench.engine.batched_target import BatchedStaticTarget
-from specbench.engine.decode import GenerationConfig
+from specbench.engine.decode import Decoder, GenerationConfig
+from specbench.engine.hf_target import HFTarget
 from specbench.engine.static_target import StaticTarget
 from specbench.proposers.batched import for_batch
 from specbench.proposers.batched_eagle import BatchedEagleProposer
@@ -21,7 +20,7 @@ from specbench.proposers.eagle import EagleProposer
 from specbench.proposers.eagle3 import Eagle3Proposer
 from _prompts import random_prompt, repetitive_prompt
 from _recording import decode_alone_recording
-from test_batched_engine import assert_each_request_as_alone, eos_mid_run
+from test_batched_engine import assert_each_request_as_alone, eos_mid_run, reference_eager  # noqa: F401 (a fixture)
 from test_batched_host_sync import counted_run
 from _host_reads import HostReads
 from test_eagle import SMALL_TREE, random_head
@@ -36,25 +35,26 @@ HEADS = ("eagle", "eagle3")
 
 @pytest.fixture(scope="module")
 def tiny():
-    """Per head kind: (its static target, a factory of single-sequence proposers over one shared head), prompts."""
+    """Per head kind: (its static target, the eager reference over the same model, a factory of per-sequence
+    proposers over one shared head for a target and options), prompts."""
     prompts = [repetitive_prompt(0), random_prompt(5, 1), random_prompt(21, 3), random_prompt(9, 4), random_prompt(2, 5)]
-    eagle_target, eagle3_target = StaticTarget.from_hf_model(build("llama")), StaticTarget.from_hf_model(deep_llama())
+    eagle_model, eagle3_model = build("llama"), deep_llama()
     head, head3 = random_head(with_embed=False), random_head3(draft_vocab=96)  # the target's embedding; a small draft vocab
     makers = {
-        "eagle": (eagle_target, lambda options: EagleProposer.from_options(eagle_target, head=head, **options)),
-        "eagle3": (eagle3_target, lambda options: Eagle3Proposer.from_options(eagle3_target, head=head3, **options)),
+        "eagle": (StaticTarget.from_hf_model(eagle_model), HFTarget(eagle_model),
+                  lambda target, options: EagleProposer.from_options(target, head=head, **options)),
+        "eagle3": (StaticTarget.from_hf_model(eagle3_model), HFTarget(eagle3_model),
+                   lambda target, options: Eagle3Proposer.from_options(target, head=head3, **options)),
     }
     return makers, prompts
 
 
 def decode_batched_recording(static, make, prompts, config, batch_size: int):
-    """The prompts through BatchedDecoder with ``for_batch``'s form of the proposer; (results, decoder, each
+    """The prompts through Decoder with ``for_batch``'s form of the proposer; (results, decoder, each
     request's drafts, per propose call (active slots, head forwards))."""
     proposer = for_batch(make(), batch_size)
     assert isinstance(proposer, BatchedEagleProposer)
-    target = BatchedStaticTarget.from_static_target(static, batch_size)
-    if static.aux_layers:
-        target.set_aux_layers(static.aux_layers)  # EAGLE-3's features, as the single target was asked for
+    target = static.with_batch_size(batch_size)  # EAGLE-3's aux layers carried over from the one the head asked
     request_of, drafts, calls, forwards = {}, [[] for _ in prompts], [], []
     begin, propose, step = proposer.begin_request, proposer.propose, proposer.head.step_batched
 
@@ -77,7 +77,7 @@ def decode_batched_recording(static, make, prompts, config, batch_size: int):
     proposer.begin_request, proposer.propose = begin_request, propose_recording
     proposer.head.step_batched = step_counted
     try:
-        decoder = BatchedDecoder(target, proposer, config)
+        decoder = Decoder(target, proposer, config)
         results = decoder.generate_all(prompts)
     finally:
         del proposer.head.step_batched  # the shared head's own method again
@@ -95,13 +95,13 @@ def expected_forwards(proposer: BatchedEagleProposer) -> int:
 
 @pytest.mark.parametrize("kind", HEADS)
 @pytest.mark.parametrize("mode", sorted(MODES))
-def test_batched_eagle_equals_the_single_sequence_run(tiny, kind, mode):
+def test_batched_eagle_equals_the_eager_reference_run(tiny, kind, mode):
     makers, prompts = tiny
-    static, make_with = makers[kind]
-    make = lambda: make_with(MODES[mode])  # noqa: E731
-    eos = eos_mid_run(static, prompts, MAX_NEW)
+    static, eager, make_with = makers[kind]
+    make = lambda: make_with(static, MODES[mode])  # noqa: E731
+    eos = eos_mid_run(eager, prompts, MAX_NEW)
     config = GenerationConfig(max_new_tokens=MAX_NEW, eos_token_ids=(eos,))
-    alone, alone_drafts = decode_alone_recording(static, make, prompts, config)
+    alone, alone_drafts = decode_alone_recording(eager, lambda: make_with(eager, MODES[mode]), prompts, config)
     assert len({p.numel() for p in prompts}) == len(prompts)  # mixed prompt lengths
     assert {r.finish_reason for r in alone} == {"eos", "length"}
     assert sum(r.counters.num_drafts for r in alone) > 0  # random heads: rejected (the reference heads get accepted)
@@ -122,9 +122,9 @@ def test_batched_eagle_equals_the_single_sequence_run(tiny, kind, mode):
 @pytest.mark.parametrize("kind", HEADS)
 def test_for_batch_picks_the_batched_form_in_every_mode(tiny, kind):
     makers, _ = tiny
-    static, make_with = makers[kind]
+    static, _, make_with = makers[kind]
     for mode, options in MODES.items():
-        single = make_with(options)
+        single = make_with(static, options)
         batched = for_batch(single, 4)
         assert isinstance(batched, BatchedEagleProposer) and batched.batch_size == 4, mode
         assert batched.head is single.head and batched.cache.kv.shape[1] == 4  # the head shared, its own cache
@@ -139,9 +139,9 @@ def test_propose_reads_nothing_back_and_a_step_once(tiny, mode, monkeypatch):
     """Argmax / top-k on the device, catch-up starts and counts from host-known lengths: no host read in propose;
     every step reads the device once, a dynamic tree's depths riding on the step's readback."""
     makers, prompts = tiny
-    static, make_with = makers["eagle"]
+    static, eager, make_with = makers["eagle"]
     config = GenerationConfig(max_new_tokens=12, ignore_eos=True)
-    alone, _ = decode_alone_recording(static, lambda: make_with(MODES[mode]), prompts, config)
+    alone, _ = decode_alone_recording(eager, lambda: make_with(eager, MODES[mode]), prompts, config)
     propose, in_propose = BatchedEagleProposer.propose, []
 
     def counted_propose(self, states):
@@ -151,7 +151,8 @@ def test_propose_reads_nothing_back_and_a_step_once(tiny, mode, monkeypatch):
         return out
 
     monkeypatch.setattr(BatchedEagleProposer, "propose", counted_propose)
-    batched, decoder, steps = counted_run(static, lambda target: make_with(MODES[mode]), prompts, config, 3, monkeypatch)
+    batched, decoder, steps = counted_run(static, lambda target: make_with(target, MODES[mode]), prompts, config, 3,
+                                          monkeypatch)
     assert isinstance(decoder.proposer, BatchedEagleProposer)
     assert_each_request_as_alone(batched, alone)
     assert len(in_propose) >= len(steps) == decoder.stats.num_steps > 0
@@ -162,12 +163,12 @@ def test_propose_reads_nothing_back_and_a_step_once(tiny, mode, monkeypatch):
 def test_features_of_the_wrong_width_are_refused_naming_set_aux_layers(tiny):
     """An EAGLE-3 head on a batched target without the aux layers would read H-wide hidden states."""
     makers, prompts = tiny
-    static, make_with = makers["eagle3"]
-    proposer = for_batch(make_with(MODES["chain"]), 2)
-    batched = BatchedStaticTarget.from_static_target(static, 2)
+    static, _, make_with = makers["eagle3"]
+    proposer = for_batch(make_with(static, MODES["chain"]), 2)
+    batched = static.with_batch_size(2)
     assert batched.aux_layers == static.aux_layers != ()  # carried over from the static target the head set them on
     batched.set_aux_layers(())
-    decoder = BatchedDecoder(batched, proposer, GenerationConfig(max_new_tokens=4))
+    decoder = Decoder(batched, proposer, GenerationConfig(max_new_tokens=4))
     with pytest.raises(ValueError, match=r"reads 192-wide features, slot 0 has 64 .*set_aux_layers"):
         decoder.generate_all(prompts[:2])
 
@@ -199,13 +200,15 @@ def reference():
 
 
 @pytest.mark.parametrize("label", sorted(REFERENCE))
-def test_reference_heads_batched_equal_their_single_sequence_run(reference, label):
+def test_reference_heads_batched_equal_the_eager_reference_run(reference, reference_eager, label):
     """The shipped heads get whole runs accepted, so the ragged catch-up adds several positions per slot."""
     static, prompts, config = reference
     cls, path, options = REFERENCE[label]
+    for target in (static, reference_eager):  # an EAGLE-3 head asked them for its features; EAGLE-1 reads none
+        target.set_aux_layers(())
     head = cls.from_options(static, path=path, **options).head
-    make = lambda: cls.from_options(static, head=head, **options)  # noqa: E731
-    alone, alone_drafts = decode_alone_recording(static, make, prompts, config)
+    make = lambda target=static: cls.from_options(target, head=head, **options)  # noqa: E731
+    alone, alone_drafts = decode_alone_recording(reference_eager, lambda: make(reference_eager), prompts, config)
     assert {r.finish_reason for r in alone} == {"eos", "length"}  # EOS at different steps, one runs to the length
     assert sum(r.counters.num_accepted_tokens for r in alone) > 0
     assert any(r.counters.num_accepted_tokens < r.counters.num_draft_tokens for r in alone)  # rejections too

@@ -1,6 +1,6 @@
-"""The batched static engine: every request of a batched run equals its single-sequence static decode (tokens and
-counters) for plain, n-gram, Medusa chain and tree and the per-slot draft-model fallback, at B = 1, 2, 3 and B
-larger than the queue, with mixed prompt lengths and EOS mid-run (slots refilled); sampled slots keep the target
+"""The static engine at any batch size: every request of a run at B = 1, 2, 3 and B larger than the queue equals its
+decode on the eager reference target (tokens and counters) for plain, n-gram, Medusa chain and tree and the per-slot
+draft-model fallback, with mixed prompt lengths and EOS mid-run (slots refilled); sampled slots keep the target
 distribution; bad batch sizes and caches that cannot fit are refused before anything is allocated."""
 
 from __future__ import annotations
@@ -11,14 +11,13 @@ from scipy.stats import chisquare
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from _random_heads import random_heads as shared_random_heads
-from specbench.engine.batched_decode import BatchedDecoder
-from specbench.engine.batched_proposers import PerSlotProposer
-from specbench.proposers.batched import for_batch
-from specbench.engine.batched_inputs import SlotInput
-from specbench.engine.batched_target import BatchedStaticTarget
 from specbench.engine.decode import Decoder, GenerationConfig
+from specbench.engine.hf_target import HFTarget
 from specbench.engine.sampling import SamplingParams
+from specbench.engine.slot_proposer import PerSlotProposer
 from specbench.engine.static_target import StaticTarget
+from specbench.engine.step_inputs import SlotInput
+from specbench.proposers.batched import for_batch
 from specbench.medusa.heads import MedusaHeads
 from specbench.proposers.draft_model import DraftModelProposer
 from specbench.proposers.medusa import MedusaProposer
@@ -51,6 +50,12 @@ def tiny():
     return StaticTarget.from_hf_model(model), random_heads(), prompts
 
 
+@pytest.fixture(scope="module")
+def tiny_eager():
+    """The eager reference target over the same tiny model (the exactness reference of every batch size)."""
+    return HFTarget(tiny_llama_model())
+
+
 def tiny_proposers(heads):
     return {
         "plain": lambda target: None,
@@ -60,14 +65,15 @@ def tiny_proposers(heads):
     }
 
 
-def decode_alone(static, proposer_for, prompts, config):
-    return [Decoder(static, proposer_for(static), config).generate(p) for p in prompts]
+def decode_alone(target, proposer_for, prompts, config):
+    """Each prompt alone on ``target`` (the eager reference, or a static target of batch size 1)."""
+    return [Decoder(target, proposer_for(target), config).generate(p) for p in prompts]
 
 
 def decode_batched(static, proposer_for, prompts, config, batch_size, factory=None):
-    target = BatchedStaticTarget.from_static_target(static, batch_size)
+    target = static.with_batch_size(batch_size)
     proposer = for_batch(proposer_for(static), batch_size, factory=factory)
-    decoder = BatchedDecoder(target, proposer, config)
+    decoder = Decoder(target, proposer, config)
     return decoder.generate_all(prompts), decoder, target
 
 
@@ -81,9 +87,10 @@ def assert_each_request_as_alone(batched, alone) -> None:
         assert got.timing.time_to_first_token_s > 0 and got.timing.total_s >= got.timing.time_to_first_token_s
 
 
-def eos_mid_run(static, prompts, max_new: int) -> int:
+def eos_mid_run(target, prompts, max_new: int) -> int:
     """A token the plain greedy outputs emit mid-run in some requests but not all, so EOS ends them at different steps."""
-    outputs = [r.output_token_ids for r in decode_alone(static, lambda t: None, prompts, GenerationConfig(max_new_tokens=max_new))]
+    plain = GenerationConfig(max_new_tokens=max_new)
+    outputs = [r.output_token_ids for r in decode_alone(target, lambda t: None, prompts, plain)]
     for token in outputs[0][3:]:
         ends = [out.index(token) if token in out else None for out in outputs]
         if ends.count(None) and len({e for e in ends if e is not None}) >= 1 and ends[0] >= 3:
@@ -92,14 +99,15 @@ def eos_mid_run(static, prompts, max_new: int) -> int:
 
 
 @pytest.mark.parametrize("label", ["plain", "ngram", "medusa-chain", "medusa-tree"])
-def test_tiny_model_batched_requests_equal_their_single_sequence_decode(tiny, label):
+def test_tiny_model_requests_at_every_batch_size_equal_the_eager_reference(tiny, tiny_eager, label):
     static, heads, prompts = tiny
     proposer_for = tiny_proposers(heads)[label]
-    eos = eos_mid_run(static, prompts, 20)
+    eos = eos_mid_run(tiny_eager, prompts, 20)
     config = GenerationConfig(max_new_tokens=20, eos_token_ids=(eos,))
-    alone = decode_alone(static, proposer_for, prompts, config)
+    alone = decode_alone(tiny_eager, proposer_for, prompts, config)
     assert {r.finish_reason for r in alone} == {"eos", "length"}
     assert (sum(r.counters.num_drafts for r in alone) > 0) == (label != "plain")  # acceptance: the reference model's test
+    assert_each_request_as_alone(decode_alone(static, proposer_for, prompts, config), alone)  # B = 1, one at a time
     for batch_size in (1, 2, 3, 7):  # 7 > the 5 prompts: idle slots from the start
         batched, decoder, target = decode_batched(static, proposer_for, prompts, config, batch_size)
         assert_each_request_as_alone(batched, alone)
@@ -109,12 +117,12 @@ def test_tiny_model_batched_requests_equal_their_single_sequence_decode(tiny, la
         assert max(decoder.stats.active_per_step) == min(batch_size, len(prompts))
 
 
-def test_batch_of_one_equals_todays_static_decoder_with_ignore_eos(tiny):
+def test_batch_of_one_equals_the_eager_reference_with_ignore_eos(tiny, tiny_eager):
     static, heads, prompts = tiny
     config = GenerationConfig(max_new_tokens=16, ignore_eos=True, eos_token_ids=(0,))
     proposer_for = tiny_proposers(heads)["medusa-tree"]
     batched, _, target = decode_batched(static, proposer_for, prompts, config, 1)
-    assert_each_request_as_alone(batched, decode_alone(static, proposer_for, prompts, config))
+    assert_each_request_as_alone(batched, decode_alone(tiny_eager, proposer_for, prompts, config))
     assert all(r.finish_reason == "length" and len(r.output_token_ids) == 16 for r in batched)
     assert {r.slot for r in batched} == {0}
 
@@ -137,13 +145,21 @@ def reference():
     return static, heads, prompts, config
 
 
+@pytest.fixture(scope="module")
+def reference_eager():
+    """The eager reference target over the reference model's checkpoint."""
+    from specbench.checkpoints.resolve import load_target_model
+
+    return HFTarget(load_target_model("specbench-ref/gsm8k-tiny", dtype=torch.float32, device="cpu"))
+
+
 REFERENCE_PROPOSERS = {
     "plain": None, "ngram": None, "medusa-chain-k3": {"num_speculative_tokens": 3}, "medusa-tree-63": {"tree": "gsm8k-tiny-63"},
 }
 
 
 @pytest.mark.parametrize("label", sorted(REFERENCE_PROPOSERS))
-def test_reference_model_batched_requests_equal_their_single_sequence_decode(reference, label):
+def test_reference_model_requests_at_every_batch_size_equal_the_eager_reference(reference, reference_eager, label):
     static, heads, prompts, config = reference
 
     def proposer_for(target):
@@ -152,9 +168,10 @@ def test_reference_model_batched_requests_equal_their_single_sequence_decode(ref
         options = REFERENCE_PROPOSERS[label]
         return options and MedusaProposer.from_options(target, heads=heads, **options)
 
-    alone = decode_alone(static, proposer_for, prompts, config)
+    alone = decode_alone(reference_eager, proposer_for, prompts, config)
     assert {r.finish_reason for r in alone} == {"eos", "length"}  # EOS at different steps, one runs to the length
     assert (sum(r.counters.num_accepted_tokens for r in alone) > 0) == (label != "plain")
+    assert_each_request_as_alone(decode_alone(static, proposer_for, prompts, config), alone)  # B = 1, one at a time
     for batch_size in (1, 3, 6) if label.startswith("medusa") else (2,):
         batched, decoder, _ = decode_batched(static, proposer_for, prompts, config, batch_size)
         assert_each_request_as_alone(batched, alone)
@@ -163,9 +180,9 @@ def test_reference_model_batched_requests_equal_their_single_sequence_decode(ref
 
 def test_tree_commits_gather_accepted_paths_per_slot(reference):
     """The 63-node tree accepts non-contiguous paths: the per-slot gather runs, and the results still equal the
-    single-sequence decode (the previous test); here the gather's own effect on the cache rows is checked."""
+    eager reference's (the previous test); here the gather's own effect on the cache rows is checked."""
     static, heads, prompts, _ = reference
-    target = BatchedStaticTarget.from_static_target(static, 2)
+    target = static.with_batch_size(2)
     target.reserve(128, 3)
     for slot, prompt in enumerate(prompts[:2]):
         target.prefill(slot, prompt[:20])
@@ -182,15 +199,15 @@ def test_tree_commits_gather_accepted_paths_per_slot(reference):
     torch.testing.assert_close(kv[:, :, 1], written[:, :, 1], atol=0, rtol=0)  # slot 1 needed no move
 
 
-def test_draft_model_through_the_per_slot_fallback_equals_its_single_sequence_run(reference):
+def test_draft_model_through_the_per_slot_fallback_equals_the_eager_reference(reference, reference_eager):
     static, _, prompts, config = reference
     draft = StaticTarget.from_pretrained("specbench-ref/gsm8k-tiny-draft", dtype=torch.float32, device="cpu")
 
-    def make():  # one proposer per slot, each with its own draft cache over the shared draft weights
-        return DraftModelProposer.from_options(static, draft=StaticTarget(draft.module, draft.config),
+    def make(target=static):  # one proposer per slot, each with its own draft cache over the shared draft weights
+        return DraftModelProposer.from_options(target, draft=StaticTarget(draft.module, draft.config),
                                                num_speculative_tokens=3)
 
-    alone = decode_alone(static, lambda target: make(), prompts[:3], config)
+    alone = decode_alone(reference_eager, make, prompts[:3], config)
     assert sum(r.counters.num_accepted_tokens for r in alone) > 0
     batched, decoder, _ = decode_batched(static, lambda target: None, prompts[:3], config, 2, factory=make)
     assert isinstance(decoder.proposer, PerSlotProposer)
@@ -248,9 +265,9 @@ def test_sampled_slots_keep_the_target_distribution_of_the_first_two_tokens():
     temperature = 1.0
     config = GenerationConfig(max_new_tokens=2, ignore_eos=True, sampling=SamplingParams(temperature=temperature))
     queue = [prompts[i % 2] for i in range(2 * SAMPLED_REQUESTS)]
-    target = BatchedStaticTarget.from_static_target(static, 3)
+    target = static.with_batch_size(3)
     proposer = for_batch(MedusaProposer.from_options(static, heads=heads, num_speculative_tokens=2), 3)
-    decoder = BatchedDecoder(target, proposer, config)
+    decoder = Decoder(target, proposer, config)
     results = decoder.generate_all(queue, seeds=list(range(len(queue))))
     accepted = sum(r.counters.num_accepted_tokens for r in results)
     assert accepted > 0  # some second tokens came through an accepted draft, some through the residual
@@ -268,13 +285,13 @@ def test_sampled_slots_keep_the_target_distribution_of_the_first_two_tokens():
 def test_a_batch_size_below_one_is_refused_naming_the_value(tiny, batch_size):
     static, _, _ = tiny
     with pytest.raises(ValueError, match=rf"batch_size must be an integer >= 1 \(slots decoded together\), got {batch_size}"):
-        BatchedStaticTarget.from_static_target(static, batch_size)
+        static.with_batch_size(batch_size)
 
 
 def test_a_cache_that_cannot_fit_is_refused_before_allocation(tiny):
     static, _, prompts = tiny
-    target = BatchedStaticTarget.from_static_target(static, 10**9)
-    decoder = BatchedDecoder(target, None, GenerationConfig(max_new_tokens=8))
+    target = static.with_batch_size(10**9)
+    decoder = Decoder(target, None, GenerationConfig(max_new_tokens=8))
     # 10^9 slots x 2 layers x 2 x 2 kv heads x 16 head_dim x 29 positions x 4 bytes
     needed = 10**9 * 2 * 2 * 2 * 16 * 29 * 4
     with pytest.raises(MemoryError, match=rf"batch_size 1000000000 needs a static KV cache of {needed} bytes \(1000000000 "

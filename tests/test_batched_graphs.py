@@ -1,20 +1,19 @@
-"""Graph capture of the static engines' steps (engine/graph_capture.py): the bookkeeping on the CPU through a stand-in
-graph that replays the step eagerly into its static outputs (one capture per (kind, width), later steps replay it,
-buffers refreshed, graphs dropped with the cache), decoding through it token for token as eagerly, and on CUDA the
-captured batched engine against the eager batched one and the single-sequence engine."""
+"""Graph capture of the static engine's steps (engine/graph_capture.py): the bookkeeping on the CPU through a stand-in
+graph that replays the step eagerly into its static outputs (one capture per (kind, width, span), later steps replay
+it, buffers refreshed, graphs dropped with the cache), decoding through it token for token as the eager reference
+HFTarget at B = 1 and 3, and on CUDA the captured engine against the eager one and HFTarget."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from specbench.engine.batched_cache import attention_span, attention_spans
-from specbench.engine.batched_decode import BatchedDecoder
-from specbench.engine.batched_inputs import SlotInput
-from specbench.engine.batched_target import BatchedStaticTarget
 from specbench.engine.decode import Decoder, GenerationConfig
 from specbench.engine.graph_capture import StepGraphs
+from specbench.engine.hf_target import HFTarget
+from specbench.engine.static_cache import attention_span, attention_spans
 from specbench.engine.static_target import StaticTarget
+from specbench.engine.step_inputs import SlotInput
 from specbench.proposers.batched import for_batch
 from test_batched_engine import (assert_each_request_as_alone, decode_alone, random_heads, tiny_llama_model,
                                  tiny_proposers)
@@ -90,8 +89,8 @@ def test_step_graphs_capture_once_per_key_and_replay_refreshed_buffers():
 def test_cpu_targets_run_eagerly_by_default_and_with_graphs_off():
     static = StaticTarget.from_hf_model(tiny_llama_model())
     assert not static.cuda_graphs and static.capture_seconds == 0.0
-    assert not BatchedStaticTarget.from_static_target(static, 2).cuda_graphs
-    off = BatchedStaticTarget.from_static_target(static, 2, cuda_graphs=False, graph_backend=FakeCapture())
+    assert not static.with_batch_size(2).cuda_graphs
+    off = static.with_batch_size(2, cuda_graphs=False, graph_backend=FakeCapture())
     assert not off.cuda_graphs
 
 
@@ -99,23 +98,23 @@ def test_cpu_targets_run_eagerly_by_default_and_with_graphs_off():
 def tiny():
     model = tiny_llama_model()
     prompts = [repetitive_prompt(0), random_prompt(5, 1), repetitive_prompt(2), random_prompt(21, 3), random_prompt(2, 4)]
-    return model, StaticTarget.from_hf_model(model), random_heads(), prompts
+    return model, StaticTarget.from_hf_model(model), random_heads(), prompts, HFTarget(model)
 
 
 def run_batched(target, proposer, prompts, config):
-    return BatchedDecoder(target, proposer, config).generate_all(prompts)
+    return Decoder(target, proposer, config).generate_all(prompts)
 
 
 @pytest.mark.parametrize("label", ["plain", "ngram", "medusa-chain", "medusa-tree"])
-def test_batched_decoding_through_captured_steps_equals_eager_and_single_sequence(tiny, label):
-    _, static, heads, prompts = tiny
+def test_decoding_through_captured_steps_equals_eager_and_the_reference(tiny, label):
+    _, static, heads, prompts, hf = tiny
     proposer_for = tiny_proposers(heads)[label]
     config = GenerationConfig(max_new_tokens=12, ignore_eos=True)
-    alone = decode_alone(static, proposer_for, prompts, config)
+    alone = decode_alone(hf, proposer_for, prompts, config)  # the eager reference, one request at a time
     for batch_size in (1, 3):
         backend = FakeCapture()
-        graphed = BatchedStaticTarget.from_static_target(static, batch_size, cuda_graphs=True, graph_backend=backend)
-        eager = BatchedStaticTarget.from_static_target(static, batch_size, cuda_graphs=False)
+        graphed = static.with_batch_size(batch_size, cuda_graphs=True, graph_backend=backend)
+        eager = static.with_batch_size(batch_size, cuda_graphs=False)
         got = run_batched(graphed, for_batch(proposer_for(static), batch_size), prompts, config)
         want = run_batched(eager, for_batch(proposer_for(static), batch_size), prompts, config)
         assert_each_request_as_alone(got, alone)
@@ -135,27 +134,32 @@ def test_batched_decoding_through_captured_steps_equals_eager_and_single_sequenc
         assert {kind for kind, _ in steps} <= expected_kinds and steps
 
 
-def test_static_target_through_the_shared_helper_decodes_as_eagerly(tiny):
-    _, static, heads, prompts = tiny
+def test_one_request_at_a_time_with_per_sequence_proposers_decodes_as_the_reference(tiny):
+    """The one-sequence form (a case's loop): batch size 1, each request its own run, the per-sequence proposer as
+    the one slot; the cache sized once, so the graphs captured over it live through every request."""
+    _, static, heads, prompts, hf = tiny
     backend = FakeCapture()
     graphed = StaticTarget(static.module, static.config, max_context=static.max_context, graph_backend=backend)
-    assert graphed.cuda_graphs
+    assert graphed.cuda_graphs and graphed.batch_size == 1
     graphed.reserve(80, 0)  # the largest cache first: a cache that grows drops the graphs captured on it
     for proposer_for in tiny_proposers(heads).values():
         config = GenerationConfig(max_new_tokens=10, ignore_eos=True)
         for prompt in prompts[:3]:
-            want = Decoder(static, proposer_for(static), config).generate(prompt)
+            want = Decoder(hf, proposer_for(hf), config).generate(prompt)
             got = Decoder(graphed, proposer_for(graphed), config).generate(prompt)
             assert got.output_token_ids == want.output_token_ids and got.counters == want.counters
-    assert set(graphed._captured) == {"plain", "chain", "tree"} and backend.pools_released == 1  # the first cache only
-    # every replay of a kind is a step, but for the one right after each capture (prepare_steps, before each request)
-    assert graphed._graphs.replays["plain"] == graphed.verify_widths["plain"][1] + graphed._graphs.captures["plain"]
+    assert {kind for kind, _, _ in graphed.graphs.captured} == {"plain", "chain", "tree"}
+    assert backend.pools_released == 1  # the first cache only: no request's reserve() grew it
+    assert all(n == 1 for n in graphed.graphs.captures.values())
+    # every replay of a plain key is a step, but for the one right after its capture (prepare_steps, before a request)
+    plain = [key for key in graphed.graphs.captures if key[0] == "plain"]
+    assert sum(graphed.graphs.replays[key] for key in plain) == sum(graphed.verify_widths["plain"].values()) + len(plain)
 
 
 def test_outputs_are_copies_and_a_new_cache_or_aux_layers_drop_the_graphs(tiny):
-    _, static, _, prompts = tiny
+    _, static, _, prompts, _ = tiny
     backend = FakeCapture()
-    target = BatchedStaticTarget.from_static_target(static, 2, cuda_graphs=True, graph_backend=backend)
+    target = static.with_batch_size(2, cuda_graphs=True, graph_backend=backend)
     target.reserve(40, 3)
     for slot in (0, 1):
         target.prefill(slot, prompts[slot])
@@ -184,20 +188,21 @@ def test_outputs_are_copies_and_a_new_cache_or_aux_layers_drop_the_graphs(tiny):
 
 @pytest.mark.large_gpu(min_gb=1)
 @pytest.mark.parametrize("compile", [False, True])
-def test_cuda_captured_batched_engine_equals_eager_batched_and_single_sequence(compile):
-    """On a GPU: the batched engine replaying CUDA graphs (fp32, tiny random Llama, B = 1 and 3 over ragged prompts)
-    emits every request's greedy tokens and counters as the eager batched engine and the single-sequence engine."""
+def test_cuda_captured_engine_equals_eager_and_the_reference(compile):
+    """On a GPU: the static engine replaying CUDA graphs (fp32, tiny random Llama, B = 1 and 3 over ragged prompts)
+    emits every request's greedy tokens and counters as the eager static engine and the eager reference HFTarget."""
     model = tiny_llama_model().to("cuda")
     static = StaticTarget.from_hf_model(model, compile=compile)
     assert static.cuda_graphs
+    hf = HFTarget(model)
     heads = random_heads().to("cuda")
     prompts = [repetitive_prompt(0), random_prompt(5, 1), repetitive_prompt(2), random_prompt(21, 3), random_prompt(2, 4)]
     config = GenerationConfig(max_new_tokens=16, ignore_eos=True)
     for label, proposer_for in tiny_proposers(heads).items():
-        alone = decode_alone(static, proposer_for, prompts, config)
+        alone = decode_alone(hf, proposer_for, prompts, config)
         for batch_size in (1, 3):
-            graphed = BatchedStaticTarget.from_static_target(static, batch_size)
-            eager = BatchedStaticTarget.from_static_target(static, batch_size, cuda_graphs=False)
+            graphed = static.with_batch_size(batch_size)
+            eager = static.with_batch_size(batch_size, cuda_graphs=False)
             assert graphed.cuda_graphs and not eager.cuda_graphs
             got = run_batched(graphed, for_batch(proposer_for(static), batch_size), prompts, config)
             want = run_batched(eager, for_batch(proposer_for(static), batch_size), prompts, config)

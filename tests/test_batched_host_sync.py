@@ -1,23 +1,21 @@
-"""The batched loop's host work per step: greedy verification of all B slots runs as one batched device op and the host
+"""The decode loop's host work per step: greedy verification of all B slots runs as one batched device op and the host
 reads the step's outcome exactly once, whatever B (no per-slot `.item()`/`.tolist()`/`bool()` on tensors, no per-slot
-verification), and the results stay those of the single-sequence engine at B = 1, 4, 7 with ragged prompts and EOS
-at different steps (plain, Medusa chain and tree), sampled slots included; the batch-wide device history hands a
-per-slot proposer the tokens, hidden state and features it sees alone."""
+verification), and the results stay those of the eager reference at B = 1, 4, 7 with ragged prompts and EOS at
+different steps (plain, Medusa chain and tree), sampled slots included; the batch-wide device history hands a
+per-slot proposer the tokens, hidden state and features it sees alone on the eager reference."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from specbench.engine import batched_decode
-from specbench.engine.batched_decode import BatchedDecoder
-from specbench.engine.batched_proposers import PerSlotProposer
-from specbench.engine.batched_target import BatchedStaticTarget
-from specbench.engine.batched_verification import verify_batch_greedy
+from specbench.engine import decode as decode_module
+from specbench.engine.batch_verification import verify_batch_greedy
 from specbench.engine.decode import Decoder, GenerationConfig
-from specbench.engine.device_verification import greedy_on_device
 from specbench.engine.draft import Draft
+from specbench.engine.hf_target import HFTarget
 from specbench.engine.sampling import SamplingParams
+from specbench.engine.slot_proposer import PerSlotProposer
 from specbench.engine.static_target import StaticTarget
 from specbench.proposers.batched import for_batch
 from specbench.proposers.ngram import NgramProposer
@@ -36,18 +34,25 @@ def tiny():
     return StaticTarget.from_hf_model(tiny_llama_model()), random_heads(), prompts
 
 
+@pytest.fixture(scope="module")
+def eager():
+    return HFTarget(tiny_llama_model())  # the eager reference over the same weights
+
+
 def counted_run(static, proposer_for, prompts, config, batch_size, monkeypatch):
-    """A batched run recording, per step, the host reads and the step readbacks; per-slot verification refused."""
+    """A run at ``batch_size`` recording, per step, the host reads and the step readbacks; per-slot verification (the
+    host rule and the sampled one) refused."""
     def refuse(*args, **kwargs):
         raise AssertionError("greedy verification ran per slot")
 
-    monkeypatch.setattr(batched_decode, "verify_step", refuse)
+    for per_slot in ("verify", "verify_sampled"):
+        monkeypatch.setattr(decode_module, per_slot, refuse)
     readbacks = []
-    original_read = batched_decode.read_step
-    monkeypatch.setattr(batched_decode, "read_step",
+    original_read = decode_module.read_step
+    monkeypatch.setattr(decode_module, "read_step",
                         lambda verdict, depths=None: readbacks.append(1) or original_read(verdict, depths))
-    target = BatchedStaticTarget.from_static_target(static, batch_size)
-    decoder = BatchedDecoder(target, for_batch(proposer_for(static), batch_size), config)
+    target = static.with_batch_size(batch_size)
+    decoder = Decoder(target, for_batch(proposer_for(static), batch_size), config)
     decoder.generate_all(prompts[:1])  # warm-up: a static tree's depths are read once per run of the decoder
     steps = []
     step = decoder._step
@@ -63,12 +68,12 @@ def counted_run(static, proposer_for, prompts, config, batch_size, monkeypatch):
 
 
 @pytest.mark.parametrize("label", LABELS)
-def test_each_greedy_step_reads_the_device_once_whatever_the_batch_size(tiny, label, monkeypatch):
+def test_each_greedy_step_reads_the_device_once_whatever_the_batch_size(tiny, eager, label, monkeypatch):
     static, heads, prompts = tiny
     proposer_for = tiny_proposers(heads)[label]
-    eos = eos_mid_run(static, prompts, 16)
+    eos = eos_mid_run(eager, prompts, 16)
     config = GenerationConfig(max_new_tokens=16, eos_token_ids=(eos,))
-    alone = decode_alone(static, proposer_for, prompts, config)
+    alone = decode_alone(eager, proposer_for, prompts, config)
     assert {r.finish_reason for r in alone} == {"eos", "length"}  # EOS ends requests at different steps
     for batch_size in (1, 4, 7):
         batched, decoder, steps = counted_run(static, proposer_for, prompts, config, batch_size, monkeypatch)
@@ -79,77 +84,34 @@ def test_each_greedy_step_reads_the_device_once_whatever_the_batch_size(tiny, la
 
 
 def test_the_counter_sees_per_slot_reads(tiny, monkeypatch):
-    """The check above would catch per-slot syncs: verifying each slot on its own (the loop's former way, through
-    ``greedy_on_device``) makes one host read per active slot per step."""
+    """The check above would catch per-slot syncs: verifying each slot on its own and reading its verdict back (the
+    loop's former way) makes one host read per active slot per step, beside the read of the counts and the step's."""
     static, heads, prompts = tiny
     config = GenerationConfig(max_new_tokens=6, ignore_eos=True)
 
     def per_slot(ids, logits, ancestors, counts, chain):
         for b, n in enumerate(counts.tolist()):
             if n:
-                greedy_on_device(Draft.chain(ids[b, 1:n]), ids[b, :n], logits[b, :n])
+                one = slice(b, b + 1)
+                verify_batch_greedy(ids[one], logits[one], ancestors[one], counts[one], chain=chain).emitted.tolist()
         return verify_batch_greedy(ids, logits, ancestors, counts, chain=chain)
 
-    monkeypatch.setattr(batched_decode, "verify_batch", per_slot)
+    monkeypatch.setattr(decode_module, "verify_batch", per_slot)
     _, decoder, steps = counted_run(static, tiny_proposers(heads)["plain"], prompts[:4], config, 4, monkeypatch)
     assert [reads for reads, _ in steps] == [2 + active for active in decoder.stats.active_per_step]
 
 
-def random_draft(generator: torch.Generator, nodes: int, chain: bool) -> Draft:
-    tokens = torch.randint(0, 5, (nodes,), generator=generator)
-    if chain:
-        return Draft.chain(tokens)
-    parents = torch.tensor([int(torch.randint(0, i + 1, (1,), generator=generator)) for i in range(nodes)], dtype=torch.long)
-    return Draft(tokens=tokens, parents=parents)
-
-
-@pytest.mark.parametrize("chain, chain_form", [(True, True), (True, False), (False, False)])
-def test_batched_greedy_verification_equals_the_per_slot_one(chain, chain_form):
-    """Random drafts over a 5-token vocabulary (so drafts get accepted), ragged per slot, idle slots among them:
-    the batched verdict (chains through the chain form and the tree form) is ``greedy_on_device``'s accepted
-    path and emitted tokens for every slot."""
-    generator = torch.Generator().manual_seed(7)
-    batch, width, vocab = 6, 7, 5
-    for _ in range(20):
-        nodes = torch.randint(0, width, (batch,), generator=generator).tolist()
-        nodes[2] = -1  # an idle slot
-        drafts = [None if n < 0 else random_draft(generator, n, chain) for n in nodes]
-        ids = torch.zeros(batch, width, dtype=torch.long)  # (B, W)
-        ancestors = torch.eye(width, dtype=torch.bool).repeat(batch, 1, 1)  # (B, W, W) padded rows: themselves
-        if chain:
-            ancestors[:] = torch.ones(width, width, dtype=torch.bool).tril()  # the chain step's causal rows
-        counts = torch.tensor([0 if d is None else len(d) + 1 for d in drafts])  # (B,)
-        for b, draft in enumerate(drafts):
-            if draft is not None:
-                n = len(draft) + 1
-                ids[b, :n] = torch.cat([torch.randint(0, vocab, (1,), generator=generator), draft.tokens])
-                ancestors[b, :n, :n] = draft.tree_mask()
-        logits = torch.randn(batch, width, vocab, generator=generator)  # (B, W, V)
-        verdict = verify_batch_greedy(ids, logits, ancestors, counts, chain=chain_form)
-        for b, draft in enumerate(drafts):
-            kept = int(verdict.kept[b])
-            if draft is None:
-                assert kept == 0 and verdict.emitted[b].eq(0).all()
-                continue
-            n = len(draft) + 1
-            accepted, _, emitted = greedy_on_device(draft, ids[b, :n], logits[b, :n])
-            assert verdict.nodes[b, :kept].tolist() == accepted
-            assert verdict.nodes[b, kept:].tolist() == list(range(kept, width))
-            assert verdict.emitted[b, :kept].tolist() == emitted and verdict.emitted[b, kept:].eq(0).all()
-            assert int(verdict.last_node()[b]) == accepted[-1]
-
-
 @pytest.mark.parametrize("label", ["medusa-chain", "medusa-tree"])
-def test_sampled_slots_still_decode_as_alone(tiny, label):
-    """Sampling stays per slot (each request its own generator): tokens equal the single-sequence run's per seed."""
+def test_sampled_slots_still_decode_as_alone(tiny, eager, label):
+    """Sampling stays per slot (each request its own generator): tokens equal the eager reference's per seed."""
     static, heads, prompts = tiny
     proposer_for = tiny_proposers(heads)[label]
     config = GenerationConfig(max_new_tokens=10, ignore_eos=True, sampling=SamplingParams(temperature=0.8))
     seeds = list(range(10, 10 + len(prompts)))
-    alone = [Decoder(static, proposer_for(static), config).generate(p, seed=s) for p, s in zip(prompts, seeds)]
+    alone = [Decoder(eager, proposer_for(eager), config).generate(p, seed=s) for p, s in zip(prompts, seeds)]
     for batch_size in (1, 4):
-        target = BatchedStaticTarget.from_static_target(static, batch_size)
-        batched = BatchedDecoder(target, for_batch(proposer_for(static), batch_size), config).generate_all(prompts, seeds)
+        target = static.with_batch_size(batch_size)
+        batched = Decoder(target, for_batch(proposer_for(static), batch_size), config).generate_all(prompts, seeds)
         assert_each_request_as_alone(batched, alone)
 
 
@@ -167,18 +129,18 @@ class RecordingNgram(NgramProposer):
         return super().propose(state)
 
 
-def test_the_batched_history_hands_each_slot_the_states_it_sees_alone(tiny):
+def test_the_batched_history_hands_each_slot_the_states_it_sees_alone(tiny, eager):
     """The device history appended for all slots at once (tokens, last hidden state, features) gives a per-slot
-    proposer, step for step, the history, hidden state and features of the single-sequence loop."""
+    proposer, step for step, the history, hidden state and features it sees alone on the eager reference."""
     static, _, prompts = tiny
     config = GenerationConfig(max_new_tokens=12, ignore_eos=True)
     alone = []
     for prompt in prompts[:4]:
         proposer = RecordingNgram()
-        Decoder(static, proposer, config).generate(prompt)
+        Decoder(eager, proposer, config).generate(prompt)
         alone.append(proposer.seen)
     per_slot = [RecordingNgram(), RecordingNgram()]
-    BatchedDecoder(BatchedStaticTarget.from_static_target(static, 2), PerSlotProposer(per_slot), config).generate_all(prompts[:4])
+    Decoder(static.with_batch_size(2), PerSlotProposer(per_slot), config).generate_all(prompts[:4])
     runs = []  # each slot's states split into its requests: a request's history extends the previous state's
     for proposer in per_slot:
         for state in proposer.seen:
@@ -192,7 +154,7 @@ def test_the_batched_history_hands_each_slot_the_states_it_sees_alone(tiny):
         assert len(got) == len(want) > 3
         for (tokens, hidden, features), (t, h, f) in zip(want, got):
             assert torch.equal(tokens, t)
-            torch.testing.assert_close(hidden, h, atol=1e-5, rtol=1e-5)  # batched sums: another order only
+            torch.testing.assert_close(hidden, h, atol=1e-5, rtol=1e-5)  # other engines' sums: another order only
             torch.testing.assert_close(features, f, atol=1e-5, rtol=1e-5)
 
 
@@ -208,12 +170,12 @@ class RawShapeNgram(NgramProposer):
         return Draft(tokens=draft.tokens[:keep], parents=draft.parents[:keep].clone())
 
 
-def test_drafts_of_unknown_depth_count_as_alone_whatever_their_length(tiny):
+def test_drafts_of_unknown_depth_count_as_alone_whatever_their_length(tiny, eager):
     static, _, prompts = tiny
     config = GenerationConfig(max_new_tokens=16, ignore_eos=True)
-    alone = decode_alone(static, lambda target: RawShapeNgram(num_speculative_tokens=4), prompts, config)
-    target = BatchedStaticTarget.from_static_target(static, 4)
+    alone = decode_alone(eager, lambda target: RawShapeNgram(num_speculative_tokens=4), prompts, config)
+    target = static.with_batch_size(4)
     proposer = PerSlotProposer.build(lambda: RawShapeNgram(num_speculative_tokens=4), 4)
-    batched = BatchedDecoder(target, proposer, config).generate_all(prompts)
+    batched = Decoder(target, proposer, config).generate_all(prompts)
     assert_each_request_as_alone(batched, alone)  # counters: each step's draft tokens from its own deepest node
     assert sum(r.counters.num_drafts for r in alone) > 0

@@ -8,6 +8,7 @@ import torch
 from specbench.engine.decode import Decoder, GenerationConfig
 from specbench.engine.hf_target import HFTarget
 from specbench.engine.static_target import StaticTarget
+from specbench.engine.step_inputs import SlotInput
 from specbench.proposers.scripted import ScriptedProposer
 from test_static_target import build
 from _prompts import random_prompt
@@ -76,11 +77,12 @@ def test_aux_layers_return_what_enters_those_layers_and_become_the_features(engi
     with torch.inference_mode():
         states = model.model(ids[None], output_hidden_states=True).hidden_states
     want = torch.cat([states[1][0], states[0][0]], dim=-1)  # (14, 2H)
-    prefill = target.prefill(ids[:10])
+    target.reserve(32, 3)  # slot 0 sized for chains of 3 draft nodes: the chain below fills the width (eager: no-op)
+    prefill = target.prefill(0, ids[:10])
     torch.testing.assert_close(prefill.aux_hidden_states, want[:10], atol=1e-4, rtol=0)
-    chain = target.verify(ids[10:], torch.arange(4), None)
-    torch.testing.assert_close(chain.aux_hidden_states, want[10:], atol=1e-4, rtol=0)
-    target.commit([0, 1, 2, 3], num_verified=4)
+    chain = target.verify([SlotInput(ids[10:], list(range(4)))])
+    torch.testing.assert_close(chain.aux_hidden_states[0], want[10:], atol=1e-4, rtol=0)
+    target.commit([[0, 1, 2, 3]])
 
     truth = Decoder(target, None, GenerationConfig(max_new_tokens=MAX_NEW + 8)).generate(ids).output_token_ids
     proposer = FeatureRecorder(truth, 3, target.vocab_size, wrong_positions={3, 7})

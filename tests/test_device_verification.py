@@ -1,5 +1,6 @@
-"""greedy_on_device against verify_greedy on random chains and trees, its single host transfer, and the
-decode loop's output and counters with and without it."""
+"""Greedy verification on the device (``verify_batch_greedy`` over ragged, padded and idle slots, read back by
+``read_step``) against the host reference ``verify_greedy`` on random and constructed chains and trees, its single
+host transfer, and the decode loop's output and counters with and without it."""
 
 from __future__ import annotations
 
@@ -8,11 +9,12 @@ import torch
 from torch import nn
 
 import specbench.engine.decode as decode_module
+from specbench.engine.batch_verification import BatchVerdict, read_step, verify_batch_greedy
 from specbench.engine.decode import Decoder, GenerationConfig
-from specbench.engine.device_verification import greedy_on_device
 from specbench.engine.draft import Draft
 from specbench.engine.hf_target import HFTarget
 from specbench.engine.sampling import SamplingParams
+from specbench.engine.step_inputs import slot_input
 from specbench.engine.tree import TreeBuffers
 from specbench.engine.verification import verify_greedy
 from specbench.medusa.heads import MedusaHeads, MedusaHeadsConfig
@@ -23,13 +25,41 @@ from _prompts import random_prompt, repetitive_prompt
 
 CASES = 200
 TREE = [[0], [1], [2], [0, 0], [0, 1], [1, 0], [1, 1], [2, 0], [0, 0, 0], [1, 1, 0], [1, 1, 1]]
+PAD = 2  # nodes of padding after the slot's: the step's fixed width is wider than most slots' inputs
 
 
 def reference(draft: Draft, verify_ids: torch.Tensor, logits: torch.Tensor) -> tuple[list[int], int, list[int]]:
-    """What verify_greedy and the decode loop computed before greedy_on_device."""
+    """The host reference: verify_greedy's accepted path, its next token and the tokens the step emits."""
     verdict = verify_greedy(draft, logits)
     emitted = verify_ids[verdict.accepted_nodes[1:]].tolist() + [verdict.next_token]
     return verdict.accepted_nodes, verdict.next_token, emitted
+
+
+def padded_step(draft: Draft, verify_ids: torch.Tensor, logits: torch.Tensor, is_chain: bool | None = None):
+    """The slot's ``[root, *draft]`` ``(N + 1,)`` and logits ``(N + 1, V)`` as one row of a step PAD nodes wider, as the
+    target's buffers hold them: (ids, logits, ancestors, counts, chain). Each padding node copies the argmax of the
+    node before it, so it would be accepted if the node count did not rule it out."""
+    chain = draft.is_chain if is_chain is None else is_chain
+    n, vocab = verify_ids.numel(), logits.shape[-1]
+    width = n + PAD
+    padded = torch.cat([logits, torch.randn(PAD, vocab, generator=torch.Generator().manual_seed(n))])  # (W, V)
+    ids = torch.cat([verify_ids, padded[n - 1: width - 1].argmax(dim=-1)])  # (W,)
+    ancestors = torch.ones(width, width, dtype=torch.bool).tril()  # (W, W) a chain step's causal rows
+    if not chain:
+        ancestors = torch.eye(width, dtype=torch.bool)  # a tree step's padded rows see themselves only
+        ancestors[:n, :n] = draft.tree_mask()
+    return ids[None], padded[None], ancestors[None], torch.tensor([n]), chain
+
+
+def on_device(ids, logits, ancestors, counts, chain) -> tuple[BatchVerdict, list[int]]:
+    """The device verdict of a step and its emitted tokens, read back in the step's one transfer."""
+    verdict = verify_batch_greedy(ids, logits, ancestors, counts, chain=chain)
+    return verdict, read_step(verdict).tokens()[0]
+
+
+def device_result(verdict: BatchVerdict, emitted: list[int]) -> tuple[list[int], int, list[int]]:
+    """(accepted nodes, next token, emitted tokens) of the step's one slot, as ``reference`` gives them."""
+    return verdict.nodes[0, : len(emitted)].tolist(), emitted[-1], emitted
 
 
 def random_parents(gen: torch.Generator, nodes: int, chain: bool) -> list[int]:
@@ -55,23 +85,50 @@ def constructed_case(gen: torch.Generator, parents: list[int], vocab: int, p_ok:
 
 def check(draft: Draft, logits: torch.Tensor, root: int = 5, is_chain: bool | None = None):
     verify_ids = torch.cat([torch.tensor([root]), draft.tokens])  # (N + 1,)
-    got = greedy_on_device(draft, verify_ids, logits, is_chain=is_chain)
+    got = device_result(*on_device(*padded_step(draft, verify_ids, logits, is_chain)))
     assert got == reference(draft, verify_ids, logits)
     return got
 
 
-@pytest.mark.parametrize("chain", [True, False], ids=["chain", "tree"])
-def test_random_logits_match_verify_greedy(chain):
-    """Random logits over a tiny vocabulary: drafts match often enough to accept at many depths."""
+@pytest.mark.parametrize("chain, chain_form", [(True, True), (True, False), (False, False)],
+                         ids=["chain", "chain-as-tree", "tree"])
+def test_random_logits_match_verify_greedy_in_every_slot(chain, chain_form):
+    """Random drafts and logits over a tiny vocabulary (drafts match often enough to accept at many depths), ragged
+    per slot with an idle slot among them: the batched verdict (chains through the chain form and the tree form)
+    is ``verify_greedy``'s accepted path and emitted tokens for every slot, padding and idle slots untouched."""
     gen = torch.Generator().manual_seed(1234)
+    batch, width = 6, 12
     lengths = set()
-    for _ in range(CASES):
-        n = int(torch.randint(0, 12, (1,), generator=gen))
-        vocab = int(torch.randint(2, 5, (1,), generator=gen))
-        parents = random_parents(gen, n, chain)
-        draft = Draft(tokens=torch.randint(0, vocab, (n,), generator=gen), parents=torch.tensor(parents, dtype=torch.long))
-        accepted, _, _ = check(draft, torch.randn(n + 1, vocab, generator=gen))
-        lengths.add(len(accepted))
+    for _ in range(CASES // (batch - 1)):
+        vocab = int(torch.randint(2, 6, (1,), generator=gen))
+        nodes = torch.randint(0, width, (batch,), generator=gen).tolist()
+        nodes[2] = -1  # an idle slot
+        drafts = [None if n < 0 else Draft(tokens=torch.randint(0, vocab, (n,), generator=gen),
+                                           parents=torch.tensor(random_parents(gen, n, chain), dtype=torch.long))
+                  for n in nodes]
+        ids = torch.zeros(batch, width, dtype=torch.long)  # (B, W)
+        ancestors = torch.eye(width, dtype=torch.bool).repeat(batch, 1, 1)  # (B, W, W) padded rows: themselves
+        if chain:
+            ancestors[:] = torch.ones(width, width, dtype=torch.bool).tril()  # the chain step's causal rows
+        counts = torch.tensor([0 if d is None else len(d) + 1 for d in drafts])  # (B,)
+        for b, draft in enumerate(drafts):
+            if draft is not None:
+                n = len(draft) + 1
+                ids[b, :n] = torch.cat([torch.randint(0, vocab, (1,), generator=gen), draft.tokens])
+                ancestors[b, :n, :n] = draft.tree_mask()
+        logits = torch.randn(batch, width, vocab, generator=gen)  # (B, W, V)
+        verdict = verify_batch_greedy(ids, logits, ancestors, counts, chain=chain_form)
+        for b, draft in enumerate(drafts):
+            kept = int(verdict.kept[b])
+            if draft is None:
+                assert kept == 0 and verdict.emitted[b].eq(0).all()
+                continue
+            accepted, _, emitted = reference(draft, ids[b, : len(draft) + 1], logits[b, : len(draft) + 1])
+            assert verdict.nodes[b, :kept].tolist() == accepted
+            assert verdict.nodes[b, kept:].tolist() == list(range(kept, width))
+            assert verdict.emitted[b, :kept].tolist() == emitted and verdict.emitted[b, kept:].eq(0).all()
+            assert int(verdict.last_node()[b]) == accepted[-1]
+            lengths.add(kept)
     assert len(lengths) >= 4, f"accepted path lengths seen: {sorted(lengths)}"
 
 
@@ -102,14 +159,17 @@ def test_constructed_logits_accept_the_known_nodes(chain):
 
 
 def test_a_chain_is_verified_without_reading_its_parents():
-    """A chain's parents are 0..N-1 by definition, so its verification never reads them: on a GPU a host-held
-    chain's parents would be a pageable upload that waits for the stream every step."""
+    """A chain's parents are 0..N-1 by definition, so neither its verify input nor its verification reads them: on a
+    GPU a host-held chain's parents would be a pageable upload that waits for the stream every step."""
     gen = torch.Generator().manual_seed(7)
     draft, logits = constructed_case(gen, list(range(6)), vocab=50, p_ok=0.8)
     verify_ids = torch.cat([torch.tensor([5]), draft.tokens])  # (N + 1,)
     want = reference(draft, verify_ids, logits)
+    draft = Draft.chain(draft.tokens)
     draft.parents = None  # any read of them would raise
-    assert greedy_on_device(draft, verify_ids, logits, is_chain=True) == want
+    step = slot_input(5, draft, torch.device("cpu"))  # the decode loop's verify input of the slot
+    assert step.tree_mask is None and list(step.depths) == list(range(7))
+    assert device_result(*on_device(*padded_step(draft, verify_ids, logits, is_chain=True))) == want
 
 
 def test_duplicate_sibling_tokens_tie_to_the_earliest_node():
@@ -148,8 +208,7 @@ def test_one_host_transfer_per_call(monkeypatch, kind):
         draft, _ = constructed_case(gen, random_parents(gen, n, kind != "tree"), vocab=4, p_ok=0.8)
     logits = torch.randn(len(draft) + 1, 4, generator=gen)
     verify_ids = torch.cat([torch.tensor([1]), draft.tokens])
-    is_chain = draft.is_chain
-    draft.tree_mask()  # the decode loop has built it for the target's verify already
+    step = padded_step(draft, verify_ids, logits)  # the target's buffers, filled by its verify already
     expected = reference(draft, verify_ids, logits)
     calls = []
     for name in HOST_READS:
@@ -160,10 +219,10 @@ def test_one_host_transfer_per_call(monkeypatch, kind):
             return _original(self, *args, **kwargs)
 
         monkeypatch.setattr(torch.Tensor, name, counted)
-    result = greedy_on_device(draft, verify_ids, logits, is_chain=is_chain)
+    result = on_device(*step)
     monkeypatch.undo()
     assert calls == ["tolist"]
-    assert result == expected
+    assert device_result(*result) == expected
 
 
 def random_heads(seed: int = 1) -> MedusaHeads:
@@ -180,7 +239,8 @@ def random_heads(seed: int = 1) -> MedusaHeads:
     ["plain", "ngram", "scripted", "medusa-chain", "medusa-tree", "typical-t0"],
 )
 def test_decoder_output_and_counters_unchanged(tiny_model, monkeypatch, setup):
-    """The decode loop with greedy_on_device against the same loop forced onto verification.verify."""
+    """The decode loop with greedy verification on the device against the same loop forced onto the host's
+    verification.verify."""
     target = HFTarget(tiny_model)
     sampling = SamplingParams(acceptance="typical") if setup == "typical-t0" else SamplingParams()
     config = GenerationConfig(max_new_tokens=40, sampling=sampling)

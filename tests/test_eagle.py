@@ -166,7 +166,7 @@ def test_every_draft_token_follows_from_scratch_forwards_along_its_path(mode):
     head = random_head(seed=5, std=0.1)  # flatter draft distributions: EAGLE-2's frontier mixes parents
     proposer = EagleProposer.from_options(target, head=head, **MODES[mode])
     prompt = random_prompt(11, 6)
-    prefill = target.prefill(prompt)
+    prefill = target.prefill(0, prompt)
     tokens = torch.cat([prompt, prefill.logits[-1:].argmax(-1)])
     proposer.begin_request(prompt)
     expanded = []  # (path, hidden) of every node the draft ran on; a node's feature is its parent's output
@@ -257,7 +257,7 @@ def test_dynamic_tree_shape_on_real_drafts():
     target = HFTarget(model)
     proposer = EagleProposer.from_options(target, head=random_head(), top_k=4, depth=3, total_tokens=20)
     prompt = random_prompt(15, 5)
-    prefill = target.prefill(prompt)
+    prefill = target.prefill(0, prompt)
     for cut in (4, 9, 15):
         tokens = torch.cat([prompt[:cut], prefill.logits[-1:].argmax(-1)]) if cut == 15 else prompt[: cut + 1]
         proposer.begin_request(tokens[:-1])

@@ -13,11 +13,12 @@ import pytest
 import torch
 
 from specbench.eagle.expansion import draft_dynamic_tree
+from specbench.engine.batch_verification import read_step, verify_batch_greedy
 from specbench.engine.decode import Decoder, GenerationConfig
-from specbench.engine.device_verification import greedy_on_device
 from specbench.engine.draft import Draft, ancestor_mask
 from specbench.engine.hf_target import HFTarget
 from specbench.engine.sampling import SamplingParams
+from specbench.engine.verification import verify_greedy
 from specbench.proposers import create_proposer
 from test_eagle import random_head
 from test_eagle3 import deep_llama
@@ -126,6 +127,16 @@ def test_ancestor_mask_is_the_closure_for_any_tree():
     assert torch.equal(ancestor_mask(torch.tensor(chain), 16), reference_mask(chain))  # the deepest tree of 16
 
 
+def device_verdict(draft: Draft, verify_ids: torch.Tensor, logits: torch.Tensor) -> tuple[list[int], list[int], int]:
+    """One slot's greedy verification as the decode loop runs it on the device, over the draft's own ancestor mask and
+    depths: (accepted nodes, emitted tokens, the deepest node), the last two from the step's one readback."""
+    counts = torch.tensor([len(verify_ids)])  # (1,)
+    verdict = verify_batch_greedy(verify_ids[None], logits[None], draft.tree_mask()[None], counts)
+    readback = read_step(verdict, draft.depths()[None].amax(dim=1))  # (1,) the depth rides on the readback
+    emitted = readback.tokens()[0]
+    return verdict.nodes[0, : len(emitted)].tolist(), emitted, readback.depths()[0]
+
+
 @pytest.mark.parametrize("top_k, depth, total", [(3, 4, 12), (4, 5, 60), (2, 4, 3), (1, 5, 4), (3, 3, 1)])
 def test_the_dynamic_trees_device_shape_is_the_one_its_parents_give(top_k, depth, total):
     """Random draft logits: depths, mask, chain flag and (after greedy verification, from its readback) the longest
@@ -147,8 +158,12 @@ def test_the_dynamic_trees_device_shape_is_the_one_its_parents_give(top_k, depth
         logits = torch.randn(total + 1, vocab, generator=generator)
         logits[draft.parents, draft.tokens] += 5 * (trial % 2)  # odd trials: drafts often their parent's argmax
         if not shaped_chain:  # chains verify through the chain rule, which needs no depth
-            assert greedy_on_device(draft, verify_ids, logits) == greedy_on_device(derived, verify_ids, logits)
-            assert draft.precomputed_depth is not None  # learnt from the verdict's readback
+            got = device_verdict(draft, verify_ids, logits)
+            assert got == device_verdict(derived, verify_ids, logits)
+            want = verify_greedy(derived, logits)  # the host reference
+            assert got[:2] == (want.accepted_nodes, verify_ids[want.accepted_nodes[1:]].tolist() + [want.next_token])
+            assert draft.precomputed_depth in (None, got[2])
+            draft.precomputed_depth = got[2]  # what the decode loop learns from the readback
         assert draft.depth() == derived.depth() == int(derived.depths().max())
 
 

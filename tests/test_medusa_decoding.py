@@ -11,6 +11,7 @@ from torch import nn
 from specbench.checkpoints.tiny import tiny_llama
 from specbench.engine.decode import Decoder, GenerationConfig
 from specbench.engine.hf_target import HFTarget
+from specbench.engine.step_inputs import SlotInput
 from specbench.engine.tree import TreeBuffers
 from specbench.proposers import create_proposer
 from specbench.proposers.medusa import MedusaProposer
@@ -79,13 +80,15 @@ def test_version2_heads_use_the_target_lm_head(tiny_model):
 
 
 class RecordingTarget(HFTarget):
+    """The eager target recording the accepted path of its one slot at every commit."""
+
     def __init__(self, tiny_model):
         super().__init__(tiny_model)
         self.commits: list[list[int]] = []
 
-    def commit(self, accepted_nodes, num_verified):
-        self.commits.append(list(accepted_nodes))
-        super().commit(accepted_nodes, num_verified)
+    def commit(self, accepted):
+        self.commits.append(list(accepted[0]))
+        super().commit(accepted)
 
 
 class OracleMedusa(MedusaProposer):
@@ -175,7 +178,7 @@ def test_known_branch_is_accepted_and_the_cache_matches_a_fresh_prefill(tiny_mod
     # order (~1e-6); a wrongly gathered or mispositioned K/V entry moves them by O(1) at this init.
     tokens = torch.tensor(reference[: PROMPT.numel() + max_new])
     assert target.cache_length == tokens.numel() - 1
-    cached = target.verify(tokens[-1:], torch.zeros(1, dtype=torch.long), None).logits[0]  # (V,)
+    cached = target.verify([SlotInput(tokens[-1:], [0])]).logits[0, 0]  # (V,)
     with torch.no_grad():
         fresh = tiny_model(tokens[None]).logits[0, -1].float()  # (V,)
     torch.testing.assert_close(cached, fresh, rtol=0, atol=1e-4)

@@ -95,7 +95,7 @@ def test_collected_data_is_the_engines_greedy_output_and_hidden_state(tiny_model
         greedy = Decoder(target, None, GenerationConfig(max_new_tokens=6)).generate(prompt).output_token_ids
         assert mixed_tokens[row].tolist() == [int(prompt[-1])] + greedy
         # fp32, same weights, one padded batch vs one unpadded prefill: summation order only
-        last_prompt_hidden = target.prefill(prompt).hidden_states[-1]
+        last_prompt_hidden = target.prefill(0, prompt).hidden_states[-1]
         torch.testing.assert_close(mixed_hidden[row, 0], last_prompt_hidden, rtol=0, atol=1e-4)
     torch.testing.assert_close(mixed_hidden[0], hidden[0, :7], rtol=0, atol=1e-4)
 

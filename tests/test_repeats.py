@@ -1,91 +1,18 @@
-"""Repeats, step costs, same-run ratio metrics and the predicted speedup, on scripted timings with known answers."""
+"""Repeats, same-run ratio metrics and the predicted speedup, on scripted timings with known answers; their gates
+and flags. (The step costs themselves, scripted and real: tests/test_step_costs.py.)"""
 
 from __future__ import annotations
 
 import math
 
 import pytest
-import torch
 
 from specbench.cases import Case
-from specbench.engine import step_costs
-from specbench.engine.draft import Draft
-from specbench.engine.target import TargetOutput
 from specbench.gating.gates import RATIOS_ONLY, compare_entry
 from specbench.gating.regenerate import baseline_entry
 from specbench.harness import run_case
 from specbench.speed import measurement_flags, repeat_record, speed_over_repeats
 from _synthetic_results import make_result
-
-
-class FakeClock:
-    def __init__(self):
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-class ScriptedTarget:
-    """A target whose verify of N nodes takes exactly N ms on a fake clock (prefill and commit take none)."""
-
-    device = torch.device("cpu")
-    vocab_size = 16
-
-    def __init__(self, clock: FakeClock):
-        self.clock, self.widths = clock, []
-
-    def prefill(self, ids):
-        n = ids.numel()
-        return TargetOutput(logits=torch.zeros(n, self.vocab_size), hidden_states=torch.zeros(n, 4))
-
-    def verify(self, ids, depths, mask):
-        self.widths.append(ids.numel())
-        self.clock.now += 1e-3 * ids.numel()
-        return TargetOutput(logits=torch.zeros(ids.numel(), self.vocab_size), hidden_states=torch.zeros(ids.numel(), 4))
-
-    def commit(self, accepted_nodes, num_verified):
-        pass
-
-
-class ScriptedProposer:
-    max_draft_tokens = 3
-
-    def __init__(self, clock: FakeClock, tokens=(1, 2, 3)):
-        self.clock, self.tokens = clock, tokens
-
-    def begin_request(self, prompt_ids):
-        pass
-
-    def propose(self, state):
-        self.clock.now += 0.5e-3
-        return Draft.chain(torch.tensor(self.tokens, dtype=torch.long)) if self.tokens else None
-
-
-@pytest.fixture()
-def clock(monkeypatch):
-    fake = FakeClock()
-    monkeypatch.setattr(step_costs.time, "perf_counter", fake)
-    return fake
-
-
-def test_step_costs_on_a_scripted_clock(clock):
-    target = ScriptedTarget(clock)
-    costs = step_costs.measure_step_costs(target, ScriptedProposer(clock), [5, 6, 7], reps=3, warmup=1)
-    # T(1) = 1 ms, the chain of 3 verifies 4 nodes = 4 ms, propose = 0.5 ms, exactly
-    assert (costs.t1_s, costs.verify_s, costs.draft_s) == pytest.approx((1e-3, 4e-3, 0.5e-3), abs=1e-12)
-    assert costs.verify_width == 4 and costs.reps == 3
-    assert costs.verify_cost_ratio == pytest.approx(4.0) and costs.draft_cost_ratio == pytest.approx(0.5)
-    assert costs.predicted_speedup(2.25) == pytest.approx(2.25 / 4.5)
-    assert target.widths == [1] * 4 + [4] * 4  # warm-up + reps, plain first
-
-
-def test_a_proposer_that_drafts_nothing_is_charged_a_full_width_chain(clock):
-    """An n-gram without a match at the prompt: its propose time counts, and the verify is of max_draft_tokens."""
-    costs = step_costs.measure_step_costs(ScriptedTarget(clock), ScriptedProposer(clock, tokens=()), [5, 6], reps=2)
-    assert costs.verify_width == 4 and costs.verify_s == pytest.approx(4e-3) and costs.draft_s == pytest.approx(0.5e-3)
-    plain = step_costs.measure_step_costs(ScriptedTarget(clock), None, [5, 6], reps=2)
-    assert (plain.verify_width, plain.draft_s) == (1, 0.0) and plain.verify_s == plain.t1_s
 
 
 def _requests(spec_rate, plain_rate, spec_ptl, plain_ptl, drafts=10, accepted=15):

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from specbench.cases import find_case
+from specbench.engine.step_inputs import SlotInput
 from specbench.pytest_plugin import skip_unless_available
 
 from _bench_scripts import load_bench_script
@@ -25,12 +26,12 @@ def script():
 def test_slowed_target_delegates_and_spins(script, tiny_target):
     slowed = script.Slowed(tiny_target, "verify", script.Spin("cpu", 0.05, None))
     assert slowed.vocab_size == tiny_target.vocab_size and slowed.max_context == tiny_target.max_context
-    slowed.prefill(torch.tensor([1, 2, 3]))
+    slowed.prefill(0, torch.tensor([1, 2, 3]))
     start = time.perf_counter()
-    out = slowed.verify(torch.tensor([4]), torch.tensor([0]), None)
+    out = slowed.verify([SlotInput([4], [0])])
     assert time.perf_counter() - start >= 0.05
-    slowed.commit([0], num_verified=1)
-    assert out.logits.shape[0] == 1 and tiny_target.cache_length == 4
+    slowed.commit([[0]])
+    assert out.logits.shape[:2] == (1, 1) and tiny_target.cache_length == 4
     assert script.Spin("cuda", 0.01, 2e9).cycles == 20_000_000  # seconds x calibrated cycles per second
 
 

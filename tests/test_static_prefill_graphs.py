@@ -1,7 +1,7 @@
-"""The single-sequence static engine's prefill through a graph per padded width (engine/prefill_graphs.py, the CPU
-stand-in of a CUDA graph): the cache and outputs are the eager prefill's, greedy decoding is unchanged, the decode
-loop captures before its clock starts, aux streams survive, and the draft model's own target keeps prefills eager;
-its step graphs are prepared before a request too (prepare_steps)."""
+"""One prompt's prefill through a graph per padded width (engine/prefill_graphs.py, the CPU stand-in of a CUDA graph):
+the slot's cache and the outputs are the eager prefill's, the other slots untouched, one capture per bucket and eager
+where the bucket exceeds the cache; greedy decoding is unchanged, the decode loop captures before its clock starts
+(prepare_prefills, which writes no slot), aux streams survive, and the draft model's own target keeps prefills eager."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import torch
 from _prompts import random_prompt
 from specbench.engine.decode import Decoder, GenerationConfig
 from specbench.engine.graph_capture import StepGraphs
-from specbench.engine.prefill_graphs import CapturedPrefill
+from specbench.engine.prefill_graphs import CapturedPrefill, bucket
 from specbench.engine.static_target import StaticTarget
 from specbench.proposers import draft_model
 from specbench.proposers.ngram import NgramProposer
@@ -19,79 +19,91 @@ from test_batched_engine import tiny_llama_model
 from test_batched_graphs import FakeCapture
 
 PROMPTS = [random_prompt(9, 1), random_prompt(3, 2), random_prompt(17, 3), random_prompt(40, 4)]  # buckets 16, 16, 32, 64
+BUCKETS = {("prefill", 16): 1, ("prefill", 32): 1, ("prefill", 64): 1}  # PROMPTS' captures: one per bucket
 
 
-def targets(capacity: int = 96) -> tuple[StaticTarget, StaticTarget]:
-    """(eager, captured): the same weights; the second's prefills replay the CPU stand-in of a CUDA graph."""
+def targets(capacity: int = 96, batch_size: int = 1) -> tuple[StaticTarget, StaticTarget]:
+    """(eager, captured): the same weights; the second's one-prompt prefills replay the CPU stand-in of a CUDA graph."""
     model = tiny_llama_model()
-    eager, captured = StaticTarget.from_hf_model(model), StaticTarget.from_hf_model(model)
+    eager, captured = (StaticTarget.from_hf_model(model, batch_size=batch_size) for _ in range(2))
     captured.prefill_graphs = CapturedPrefill(captured.module, StepGraphs(FakeCapture()))
     for target in (eager, captured):
         target.reserve(capacity)
     return eager, captured
 
 
-def test_a_captured_prefill_leaves_the_cache_and_outputs_as_the_eager_one():
-    eager, captured = targets()
-    for prompt in PROMPTS + PROMPTS[:1]:
-        want, got = eager.prefill(prompt), captured.prefill(prompt)
+def test_a_captured_prefill_leaves_the_slot_as_the_eager_one_and_replays_per_bucket():
+    eager, captured = targets(batch_size=2)
+    for prompt in PROMPTS + PROMPTS[:1]:  # buckets 16, 16, 32, 64, 16: into slot 1
+        want, got = eager.prefill(1, prompt), captured.prefill(1, prompt)
         n = prompt.numel()
-        assert captured.cache_length == eager.cache_length == n
-        torch.testing.assert_close(captured._cache.kv[:, :, :, :n], eager._cache.kv[:, :, :, :n])
+        assert captured.cache_length(1) == eager.cache_length(1) == n
+        torch.testing.assert_close(captured._cache.kv[:, :, 1, :, :n], eager._cache.kv[:, :, 1, :, :n])
         torch.testing.assert_close(got.hidden_states, want.hidden_states)
         torch.testing.assert_close(got.logits, want.logits)
         assert got.logits.shape == want.logits.shape == (1, eager.vocab_size)
-    assert captured.prefill_graphs.graphs.captures == {("prefill", 16): 1, ("prefill", 32): 1, ("prefill", 64): 1}
+        assert got.logits.argmax(-1).tolist() == want.logits.argmax(-1).tolist()
+    assert not captured._cache.kv[:, :, 0].any() and captured.cache_length(0) == 0  # slot 0 never written
+    graphs = captured.prefill_graphs.graphs
+    assert graphs.captures == BUCKETS
+    assert graphs.replays == {("prefill", 16): 3, ("prefill", 32): 1, ("prefill", 64): 1}
     assert captured.capture_seconds > 0
+    assert bucket(1) == 16 and bucket(16) == 16 and bucket(17) == 32 and bucket(33) == 64
 
 
-def test_greedy_decoding_with_captured_prefills_is_unchanged_and_captures_before_the_clock():
+def test_a_prompt_whose_bucket_exceeds_the_cache_is_prefilled_eagerly():
+    _, captured = targets(capacity=24)
+    captured.prefill(0, PROMPTS[2])  # 17 tokens: bucket 32 > 24 entries
+    assert not captured.prefill_graphs.graphs.captures and captured.cache_length(0) == 17
+
+
+def test_decoding_with_captured_prefills_is_unchanged_and_captures_before_the_clock():
     eager, captured = targets()
     calls = []
     for name in ("prepare_prefills", "prepare_steps", "prefill"):
         method = getattr(captured, name)
         setattr(captured, name, lambda *a, _m=method, _n=name: (calls.append(_n), _m(*a))[1])
     config = GenerationConfig(max_new_tokens=12, ignore_eos=True)
-    for prompt in PROMPTS:
+    for prompt in PROMPTS:  # one request per run, speculative
         want = Decoder(eager, NgramProposer(num_speculative_tokens=3), config).generate(prompt)
         got = Decoder(captured, NgramProposer(num_speculative_tokens=3), config).generate(prompt)
         assert got.output_token_ids == want.output_token_ids and got.counters == want.counters
     # each request prepares its prompt's bucket and its step graphs (captured then, untimed) before the timed prefill
     assert calls == ["prepare_prefills", "prepare_steps", "prefill"] * len(PROMPTS)
-    assert captured.prefill_graphs.graphs.captures == {("prefill", 16): 1, ("prefill", 32): 1, ("prefill", 64): 1}
+    assert captured.prefill_graphs.graphs.captures == BUCKETS
+    calls.clear()
+    want = Decoder(eager, None, config).generate_all(PROMPTS)  # a queue, plain: at B = 1 each admission is one prompt
+    got = Decoder(captured, None, config).generate_all(PROMPTS)
+    assert [r.output_token_ids for r in got] == [r.output_token_ids for r in want]
+    assert [r.counters for r in got] == [r.counters for r in want]
+    assert calls == ["prepare_prefills", "prepare_steps"] + ["prefill"] * len(PROMPTS)  # one preparation per run
+    assert captured.prefill_graphs.graphs.captures == BUCKETS  # nothing captured anew
 
 
 def test_aux_streams_come_through_a_captured_prefill_and_new_aux_layers_drop_its_graphs():
     eager, captured = targets()
-    captured.prefill(PROMPTS[0])
+    captured.prefill(0, PROMPTS[0])
     for target in (eager, captured):
         target.set_aux_layers((0, 1))
     assert ("prefill", 16) not in captured.prefill_graphs.graphs  # their outputs changed: captured anew on next use
-    want, got = eager.prefill(PROMPTS[1]), captured.prefill(PROMPTS[1])
+    want, got = eager.prefill(0, PROMPTS[1]), captured.prefill(0, PROMPTS[1])
     assert got.aux_hidden_states.shape == (PROMPTS[1].numel(), 2 * eager.module.shape.hidden_size)
     torch.testing.assert_close(got.aux_hidden_states, want.aux_hidden_states)
     assert captured.prefill_graphs.graphs.captures[("prefill", 16)] == 2
 
 
-def test_every_sized_step_kind_is_captured_before_a_request_and_none_while_decoding():
-    model = tiny_llama_model()
-    target = StaticTarget(StaticTarget.from_hf_model(model).module, model.config, graph_backend=FakeCapture())
-    with pytest.raises(ValueError, match="prepare_steps before reserve"):
-        target.prepare_steps()
-    target.reserve(64, 3)
-    target.prepare_steps()
-    assert set(target._graphs.captures) == {"plain", "chain", "tree"}  # each sized kind, before any step
-    prepared = dict(target._graphs.captures)
-    config = GenerationConfig(max_new_tokens=12, ignore_eos=True)
-    want = Decoder(StaticTarget.from_hf_model(model), NgramProposer(num_speculative_tokens=3), config).generate(PROMPTS[0])
-    got = Decoder(target, NgramProposer(num_speculative_tokens=3), config).generate(PROMPTS[0])
-    assert got.output_token_ids == want.output_token_ids and got.counters == want.counters
-    assert dict(target._graphs.captures) == prepared  # the request replayed them: nothing captured while timed
-
-
-def test_prepare_prefills_needs_a_reserved_cache():
-    with pytest.raises(ValueError, match="prepare_prefills before reserve"):
+def test_prepared_prefill_graphs_write_no_slot_and_leave_nothing_to_capture_in_a_run():
+    with pytest.raises(ValueError, match=r"^prepare_prefills before reserve\(\): size the batched cache first$"):
         StaticTarget.from_hf_model(tiny_llama_model()).prepare_prefills([3])
+    _, captured = targets(capacity=64, batch_size=2)
+    before = captured._cache.kv.clone()
+    captured.prepare_prefills([3, 9, 17, 40, 100])  # buckets 16, 32, 64; 100 tokens (bucket 128) does not fit
+    graphs = captured.prefill_graphs.graphs
+    assert graphs.captures == BUCKETS
+    assert torch.equal(captured._cache.kv, before) and captured.capture_seconds > 0
+    config = GenerationConfig(max_new_tokens=6, ignore_eos=True)
+    Decoder(captured, None, config).generate_all(PROMPTS + [random_prompt(5, 9)])
+    assert all(n == 1 for n in graphs.captures.values()) and sum(graphs.replays.values()) > len(graphs.captures)
 
 
 def test_the_draft_models_own_target_keeps_its_prefills_eager(monkeypatch):
@@ -119,5 +131,5 @@ def test_cuda_captured_prefills_decode_as_eager_prefills():
             got = Decoder(captured, proposer, config).generate(prompt)
             assert got.output_token_ids == want.output_token_ids and got.counters == want.counters
     graphs = captured.prefill_graphs.graphs
-    assert graphs.captures == {("prefill", 16): 1, ("prefill", 32): 1, ("prefill", 64): 1}
+    assert graphs.captures == BUCKETS
     assert sum(graphs.replays.values()) >= 2 * len(PROMPTS)

@@ -1,5 +1,6 @@
-"""The static Llama-family target against transformers and HFTarget: logits, lossless greedy decoding with
-identical counters, the KV cache after chain and tree commits, fixed verify shapes, and its refusals."""
+"""The static Llama-family target (slot 0 of a batch of one) against transformers and HFTarget: logits, lossless
+greedy decoding with identical counters, the KV cache after chain and tree commits, fixed verify widths, and its
+refusals (a cache must be reserved first)."""
 
 from __future__ import annotations
 
@@ -14,8 +15,10 @@ from specbench.checkpoints.resolve import load_target_model, resolve_model_dir
 from specbench.engine.decode import Decoder, GenerationConfig
 from specbench.engine.draft import Draft
 from specbench.engine.hf_target import HFTarget
+from specbench.engine.static_cache import attention_spans
 from specbench.engine.static_llama import StaticLlamaForCausalLM, LlamaShape, UnsupportedModel
 from specbench.engine.static_target import StaticTarget
+from specbench.engine.step_inputs import SlotInput
 from specbench.medusa.heads import MedusaHeads
 from specbench.proposers.medusa import MedusaProposer
 from specbench.proposers.ngram import NgramProposer
@@ -72,10 +75,23 @@ def random_tree(gen: torch.Generator, nodes: int) -> Draft:
     return Draft(tokens=torch.randint(0, VOCAB, (nodes,), generator=gen), parents=torch.tensor(parents))
 
 
+def root_path(draft: Draft, node: int) -> list[int]:
+    """The verify-input nodes from the root to ``node``, ascending: the accepted path that ends there."""
+    path, parents = [node], [0] + draft.parents.tolist()
+    while path[-1]:
+        path.append(parents[path[-1]])
+    return path[::-1]
+
+
+def chain(ids) -> SlotInput:
+    """Slot 0's verify input for a chain ``[root, *draft]``: depths 0..N-1, no tree mask."""
+    return SlotInput(ids, torch.arange(len(ids)))
+
+
 def decode(target, proposer, prompt, reserve: bool):
-    """Decoder.generate, with the reserve() call the decode loop would make for a static target."""
+    """Decoder.generate; ``reserve`` sizes the target first (the loop reserves too; a larger cache is kept)."""
     room = proposer.max_draft_tokens if proposer else 0
-    if reserve and hasattr(target, "reserve"):
+    if reserve:
         target.reserve(prompt.numel() + MAX_NEW + room, room)
     return Decoder(target, proposer, GenerationConfig(max_new_tokens=MAX_NEW)).generate(prompt)
 
@@ -101,21 +117,28 @@ def test_logits_and_hidden_states_match_transformers(pair):
     with torch.inference_mode():
         full = model.model(ids[None]).last_hidden_state[0]  # (20, H)
         full_logits = model.lm_head(full).float()  # (20, V)
-    out = static.prefill(ids[:16])
+    static.reserve(64)
+    out = static.prefill(0, ids[:16])
     torch.testing.assert_close(out.logits, full_logits[15:16], atol=LOGITS_ATOL, rtol=0)
     torch.testing.assert_close(out.hidden_states, full[:16], atol=LOGITS_ATOL, rtol=0)  # every prompt position
-    chain = static.verify(ids[16:], torch.arange(4), None)  # a chain of 4 after the cached 16
-    torch.testing.assert_close(chain.logits, full_logits[16:], atol=LOGITS_ATOL, rtol=0)
-    torch.testing.assert_close(chain.hidden_states, full[16:], atol=LOGITS_ATOL, rtol=0)
-    static.commit([0, 1], num_verified=4)
-    hf.prefill(ids[:18])
+    step = static.verify([chain(ids[16:])])  # a chain of 4 after the cached 16: (1, W, V), its first 4 real
+    torch.testing.assert_close(step.logits[0, :4], full_logits[16:], atol=LOGITS_ATOL, rtol=0)
+    torch.testing.assert_close(step.hidden_states[0, :4], full[16:], atol=LOGITS_ATOL, rtol=0)
+    static.commit([[0, 1]])
+    hf.prefill(0, ids[:18])
     draft = random_tree(torch.Generator().manual_seed(5), 9)
-    verify_ids = torch.cat([ids[18:19], draft.tokens])  # (10,)
-    want = hf.verify(verify_ids, draft.depths(), draft.tree_mask())
-    got = static.verify(verify_ids, draft.depths(), draft.tree_mask())
-    torch.testing.assert_close(got.logits, want.logits, atol=LOGITS_ATOL, rtol=0)
-    torch.testing.assert_close(got.hidden_states, want.hidden_states, atol=LOGITS_ATOL, rtol=0)
-    assert static.cache_length == hf.cache_length == 28
+    tree = [SlotInput(torch.cat([ids[18:19], draft.tokens]), draft.depths(), draft.tree_mask())]  # 10 nodes
+    want, got = hf.verify(tree), static.verify(tree)  # (1, 10, V) and (1, W, V)
+    torch.testing.assert_close(got.logits[0, :10], want.logits[0], atol=LOGITS_ATOL, rtol=0)
+    torch.testing.assert_close(got.hidden_states[0, :10], want.hidden_states[0], atol=LOGITS_ATOL, rtol=0)
+    path = root_path(draft, 3)  # node 3 and its ancestors: not a prefix, so its entries move
+    for target in (hf, static):
+        target.commit([path])
+    assert static.cache_length(0) == hf.cache_length == 18 + len(path) and path != list(range(len(path)))
+    after = [chain(ids[19:20])]  # one more step reads the gathered tree entries in both caches
+    torch.testing.assert_close(static.verify(after).logits[0, :1], hf.verify(after).logits[0], atol=LOGITS_ATOL, rtol=0)
+    for target in (hf, static):
+        target.commit([[0]])
 
 
 def test_greedy_decoding_equals_hf_target(pair):
@@ -135,17 +158,23 @@ def test_greedy_decoding_equals_hf_target(pair):
     assert set(static.verify_widths) == {"tree"} and static.verify_widths["tree"].keys() == {64}
 
 
-def test_ngram_without_reserve_fixes_widths_at_first_use(pair):
-    """Without reserve() a kind's width is its first step's, widened when a longer draft comes: still
-    lossless, and verify_widths shows the extra shape (what reserve() in the decode loop avoids)."""
+def test_without_draft_room_a_kinds_width_is_its_first_steps_then_widened(pair):
+    """reserve() without draft room leaves a kind's width to its first step, widened when a longer draft comes:
+    still exact, and verify_widths shows the extra shape (what the decode loop's reserve(n, room) avoids)."""
     name, model, hf, static = pair
     fresh = StaticTarget.from_hf_model(model)
-    prompt = repetitive_prompt(2)
-    assert_same_decoding(hf, fresh, lambda t: None, [prompt], reserve=False)
-    want = decode(hf, NgramProposer(num_speculative_tokens=3), prompt, reserve=False)
-    got = decode(fresh, NgramProposer(num_speculative_tokens=3), prompt, reserve=False)
-    assert got.output_token_ids == want.output_token_ids and got.counters == want.counters
-    assert max(fresh.verify_widths["chain"]) <= 4
+    fresh.reserve(40)  # no draft room
+    prompt = random_prompt(12, 2)
+    torch.testing.assert_close(fresh.prefill(0, prompt).logits, hf.prefill(0, prompt).logits, atol=LOGITS_ATOL, rtol=0)
+    for step, n in enumerate((2, 4, 2)):  # chains of 2 then 4 then 2 draft-and-root nodes, the root kept each time
+        ids = random_prompt(n, 20 + step)
+        want, got = hf.verify([chain(ids)]), fresh.verify([chain(ids)])
+        assert got.logits.shape[1] == (2 if step == 0 else 4)  # the first step's width, then the wider one's
+        torch.testing.assert_close(got.logits[0, :n], want.logits[0], atol=LOGITS_ATOL, rtol=0)
+        for target in (hf, fresh):
+            target.commit([[0]])
+    assert fresh.verify_widths == {"chain": {2: 1, 4: 2}}
+    assert fresh.cache_length(0) == hf.cache_length == 15
 
 
 def test_cache_after_random_chain_and_tree_commits_equals_fresh_prefill(pair):
@@ -154,30 +183,26 @@ def test_cache_after_random_chain_and_tree_commits_equals_fresh_prefill(pair):
     tokens = random_prompt(10, 11).tolist()
     static.reserve(200, 7)  # chain and tree width 8
     static.verify_widths.clear()
-    static.prefill(torch.tensor(tokens[:-1]))
+    static.prefill(0, torch.tensor(tokens[:-1]))
     gathers = 0
     for step in range(14):
         if step % 2:  # a tree of 7 nodes; the accepted path ends at a random node
             draft = random_tree(gen, 7)
-            node = int(torch.randint(0, 8, (1,), generator=gen))
-            path, parents = [node], [0] + draft.parents.tolist()
-            while path[-1]:
-                path.append(parents[path[-1]])
-            path = path[::-1]
+            path = root_path(draft, int(torch.randint(0, 8, (1,), generator=gen)))
             tree_mask = draft.tree_mask()
         else:  # a chain of 1..7 tokens, a random prefix accepted
             draft = Draft.chain(torch.randint(0, VOCAB, (int(torch.randint(1, 8, (1,), generator=gen)),), generator=gen))
             path = list(range(int(torch.randint(1, len(draft) + 2, (1,), generator=gen))))
             tree_mask = None
         verify_ids = torch.cat([torch.tensor(tokens[-1:]), draft.tokens])
-        static.verify(verify_ids, draft.depths(), tree_mask)
-        static.commit(path, num_verified=verify_ids.numel())
+        static.verify([SlotInput(verify_ids, draft.depths(), tree_mask)])
+        static.commit([path])
         gathers += path != list(range(len(path)))
         tokens = tokens[:-1] + verify_ids[path].tolist() + [int(torch.randint(0, VOCAB, (1,), generator=gen))]
-        assert static.cache_length == len(tokens) - 1
+        assert static.cache_length(0) == len(tokens) - 1
         if step % 3 == 2 or step == 13:
-            live = static.verify(torch.tensor(tokens[-1:]), torch.zeros(1, dtype=torch.long), None).logits[0]
-            static.commit([0], num_verified=1)
+            live = static.verify([chain(torch.tensor(tokens[-1:]))]).logits[0, 0]
+            static.commit([[0]])
             tokens.append(int(live.argmax()))
             with torch.inference_mode():
                 fresh = model(torch.tensor(tokens[:-1])[None]).logits[0, -1].float()
@@ -186,7 +211,9 @@ def test_cache_after_random_chain_and_tree_commits_equals_fresh_prefill(pair):
     assert {k: len(v) for k, v in static.verify_widths.items()} == {"chain": 1, "tree": 1, "plain": 1}
 
 
-def test_every_verify_forward_has_one_shape_per_kind(pair):
+def test_every_verify_forward_has_one_width_per_kind(pair):
+    """Each step kind verifies at one fixed width; the cache entries a step attends over are its attention span,
+    one of the ladder's from the prompt's length up (engine/static_cache.attention_span)."""
     name, model, hf, static = pair
     fresh = StaticTarget.from_hf_model(model)
     shapes = []
@@ -200,10 +227,11 @@ def test_every_verify_forward_has_one_shape_per_kind(pair):
             decode(fresh, proposer, prompt, reserve=True)
             prefill, steps = shapes[0], set(shapes[1:])
             assert prefill == ((prompt.numel(),), (prompt.numel(), prompt.numel()))
-            capacity = fresh.cache_capacity
-            expected = {((1,), (1, capacity)), ((5,), (5, capacity))} if isinstance(proposer, NgramProposer) else {
-                ((proposer.max_draft_tokens + 1,), (proposer.max_draft_tokens + 1, capacity))}
-            assert steps <= expected and len(steps) >= 1, steps
+            widths = {1, 5} if isinstance(proposer, NgramProposer) else {proposer.max_draft_tokens + 1}
+            assert {ids[0] for ids, _ in steps} <= widths and len(steps) >= 1, steps
+            for (width,), (batch, rows, span) in steps:  # ids (B * W,), mask (B, W, span)
+                assert (batch, rows) == (1, width)
+                assert span in attention_spans(prompt.numel() + width, fresh.cache_capacity), (span, width)
     assert fresh.cuda_graphs is False and fresh.capture_seconds == 0.0  # graphs are CUDA-only; CPU runs eager
 
 
@@ -226,7 +254,9 @@ def reference_pair():
 def test_reference_model_prefill_logits_match(reference_pair):
     model, hf, static, prompts = reference_pair
     assert static.module.shape.tie_word_embeddings and static.max_context == hf.max_context == 1024
-    torch.testing.assert_close(static.prefill(prompts[0]).logits, hf.prefill(prompts[0]).logits, atol=LOGITS_ATOL, rtol=0)
+    static.reserve(prompts[0].numel())
+    torch.testing.assert_close(static.prefill(0, prompts[0]).logits, hf.prefill(0, prompts[0]).logits,
+                               atol=LOGITS_ATOL, rtol=0)
 
 
 @pytest.mark.parametrize("proposer", ["plain", "ngram", "medusa-chain-k3", "medusa-tree-63"])
@@ -252,18 +282,23 @@ def test_reference_model_decoding_equals_hf_target(reference_pair, proposer):
 def test_truncate_returns_the_cache_to_an_earlier_state(reference_pair):
     """Benchmarks re-verify one draft from one cache state: after truncate the same verify gives the same logits."""
     _, _, static, prompts = reference_pair
-    static.prefill(prompts[0])
-    length = static.cache_length
-    ids, depths = prompts[1][:4], torch.arange(4)
-    first = static.verify(ids, depths, None).logits.clone()
-    static.commit([0, 1, 2], num_verified=4)
-    assert static.cache_length == length + 3
-    static.truncate(length)
-    assert static.cache_length == length
-    torch.testing.assert_close(static.verify(ids, depths, None).logits, first, atol=0, rtol=0)
-    static.commit([0], num_verified=4)
-    with pytest.raises(ValueError, match=r"truncate to 0: needs a committed cache"):
-        static.truncate(0)
+    Decoder(static, None, GenerationConfig(max_new_tokens=8)).generate(prompts[0])  # a run first, as in bench/speed_7b
+    static.prefill(0, prompts[0])  # into the cache that run sized (at least prompt + 8 entries)
+    length = static.cache_length(0)
+    step = [chain(prompts[1][:4])]
+    first = static.verify(step).logits[0, :4].clone()
+    with pytest.raises(ValueError, match=r"truncate between a verify and its commit; call commit\(\) first"):
+        static.truncate({0: length})
+    static.commit([[0, 1, 2]])
+    assert static.cache_length(0) == length + 3
+    static.truncate({0: length})  # outside inference mode, as a benchmark calls it
+    assert static.cache_length(0) == length
+    torch.testing.assert_close(static.verify(step).logits[0, :4], first, atol=0, rtol=0)
+    static.commit([[0]])
+    for bad in (0, length + 2):
+        with pytest.raises(ValueError, match=rf"truncate slot 0 to {bad}: needs a committed cache of at least that "
+                                             rf"many tokens \(holds {length + 1}\)"):
+            static.truncate({0: bad})
 
 
 # --- refusals and overflow -----------------------------------------------------------------------------
@@ -306,16 +341,27 @@ def test_strict_weight_loading_names_keys():
 
 
 def test_context_overflow_names_the_lengths():
-    target = StaticTarget.from_hf_model(build("llama"), max_context=16)
-    with pytest.raises(ValueError, match=r"context length exceeded: the prompt has 20 tokens > the static KV cache's 16 slots"):
-        target.prefill(random_prompt(20, 1))
-    target.prefill(random_prompt(13, 1))
-    expected = r"13 cached tokens \+ a chain step of 4 nodes \(padded to its fixed width 4\) = 17 > .* 16 slots"
-    with pytest.raises(ValueError, match=expected):
-        target.verify(random_prompt(4, 2), torch.arange(4), None)
-    with pytest.raises(ValueError, match=r"17 tokens requested > the target's max context 16"):
+    target = StaticTarget.from_hf_model(build("llama"), max_context=16)  # nothing runs before reserve() sizes it
+    with pytest.raises(ValueError, match=r"^prefill before reserve\(\): size the batched cache first$"):
+        target.prefill(0, random_prompt(13, 1))
+    with pytest.raises(ValueError, match=r"^verify before reserve\(\) and prefill\(\); size the cache"):
+        target.verify([chain(random_prompt(4, 2))])
+    assert target.cache_capacity == 0 and target.cache_length(0) == 0
+    with pytest.raises(ValueError, match=r"^context length exceeded: 17 tokens requested > the target's max context 16$"):
         target.reserve(17, 3)
-    with pytest.raises(ValueError, match=r"context length exceeded: prompt \(10 tokens\) \+ max_new_tokens \(8\)"):
+    target.reserve(16, 3)  # the max context exactly: allowed
+    with pytest.raises(ValueError, match=r"a prompt of 20 tokens does not fit a slot of 16 cache entries .*reserve\(\) "
+                                         r"more room or shorten the prompt"):
+        target.prefill(0, random_prompt(20, 1))
+    target.prefill(0, random_prompt(13, 1))
+    expected = (r"context length exceeded in slot 0: 13 cached tokens \+ a chain step of 4 nodes \(padded to its fixed "
+                r"width 4\) = 17 > the slot's 16 cache entries")
+    with pytest.raises(ValueError, match=expected):
+        target.verify([chain(random_prompt(4, 2))])
+    with pytest.raises(ValueError, match=r"a chain step of 3 nodes \(padded to its fixed width 4\) = 17 > "):
+        target.verify([chain(random_prompt(3, 2))])  # 13 + 3 fits, but a chain step is written at its width
+    target.verify([chain(random_prompt(1, 2))])  # a plain step: 13 + 1 <= 16
+    with pytest.raises(ValueError, match=r"^context length exceeded: prompt 0 \(10 tokens\) \+ max_new_tokens \(8\)"):
         Decoder(target, None, GenerationConfig(max_new_tokens=8)).generate(random_prompt(10, 1))
 
 

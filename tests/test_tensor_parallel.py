@@ -84,7 +84,7 @@ def tp_rank(context, jobs) -> dict:
             return wrapped[-1]
 
         out[name] = decode_all(target, proposer_for, labels, prompts)
-        out[name + "/logits"] = target.prefill(torch.tensor(prompts[0])).logits  # (1, V)
+        out[name + "/logits"] = target.prefill(0, torch.tensor(prompts[0])).logits  # (1, V) slot 0, reserved by the runs
         out[name + "/cache"] = tuple(target._cache.kv.shape)
         out[name + "/received"] = sum(p.drafts_received for p in wrapped)
     return out
@@ -131,12 +131,12 @@ def jobs(gqa_dir, reference_prompts) -> list[tuple]:
 
 @pytest.fixture(scope="module")
 def tp1(jobs) -> dict:
-    """The single-process static engine on the same models, prompts and proposers."""
+    """The single-process static engine (batch size 1) on the same models, prompts and proposers."""
     out = {}
     for name, ref, medusa_path, labels, prompts in jobs:
         target = StaticTarget.from_pretrained(ref, dtype=torch.float32, device="cpu")
         out[name] = decode_all(target, lambda label: make_proposer(label, target, medusa_path), labels, prompts)
-        out[name + "/logits"] = target.prefill(torch.tensor(prompts[0])).logits  # (1, V)
+        out[name + "/logits"] = target.prefill(0, torch.tensor(prompts[0])).logits  # (1, V)
     return out
 
 
@@ -177,9 +177,9 @@ def test_every_rank_ends_with_the_same_logits(tp1, tp2, model):
 
 def test_each_rank_caches_only_its_kv_heads(tp2):
     for rank in range(WORLD):
-        layers, two, kv_heads, _, head_dim = tp2[rank]["gqa/cache"]
-        assert (layers, two, kv_heads, head_dim) == (2, 2, 2 // WORLD, HIDDEN // 4)
-        assert tp2[rank]["reference/cache"][2] == 4 // WORLD  # the reference model: 4 KV heads, 2 per rank
+        layers, two, slots, kv_heads, _, head_dim = tp2[rank]["gqa/cache"]  # (L, 2, B, KVH, S, D)
+        assert (layers, two, slots, kv_heads, head_dim) == (2, 2, 1, 2 // WORLD, HIDDEN // 4)
+        assert tp2[rank]["reference/cache"][3] == 4 // WORLD  # the reference model: 4 KV heads, 2 per rank
 
 
 def test_environment_record_names_every_rank(tp2):

@@ -7,6 +7,7 @@ import torch
 from specbench.engine.decode import Decoder, GenerationConfig
 from specbench.engine.draft import Draft
 from specbench.engine.hf_target import HFTarget
+from specbench.engine.step_inputs import SlotInput
 from specbench.engine.verification import verify_greedy
 from _prompts import random_prompt
 
@@ -21,7 +22,7 @@ def greedy_truth(model, prompt: torch.Tensor, n: int) -> list[int]:
 
 def fresh_next_logits(model, tokens: list[int]) -> torch.Tensor:
     target = HFTarget(model)
-    return target.prefill(torch.tensor(tokens)).logits[-1]
+    return target.prefill(0, torch.tensor(tokens)).logits[-1]
 
 
 def wrong(token: int, vocab: int = 256, shift: int = 1) -> int:
@@ -38,18 +39,19 @@ def test_hand_built_tree_accepts_the_correct_branch(tiny_model):
         parents=torch.tensor([0, 0, 2, 2, 4, 1]),
     )
     target = HFTarget(tiny_model)
-    target.prefill(prompt)
+    target.prefill(0, prompt)
     verify_ids = torch.cat([torch.tensor([truth[0]]), draft.tokens])  # (7,)
-    out = target.verify(verify_ids, draft.depths(), draft.tree_mask())
-    verdict = verify_greedy(draft, out.logits)
+    out = target.verify([SlotInput(verify_ids, draft.depths(), draft.tree_mask())])
+    verdict = verify_greedy(draft, out.logits[0])
     assert verdict.accepted_nodes == [0, 2, 4]
     assert verdict.next_token == t3  # the correction at the rejected third position
-    target.commit(verdict.accepted_nodes, num_verified=verify_ids.numel())
+    target.commit([verdict.accepted_nodes])
     assert target.cache_length == prompt.numel() + 3  # root + two accepted; rejected nodes are gone
     committed = prompt.tolist() + [truth[0], t1, t2]
     # the cache now behaves exactly like a fresh prefill of the committed tokens
-    step = target.verify(torch.tensor([t3]), torch.zeros(1, dtype=torch.long), None)
-    torch.testing.assert_close(step.logits[-1], fresh_next_logits(tiny_model, committed + [t3]), atol=LOGITS_ATOL, rtol=0)
+    step = target.verify([SlotInput([t3], [0])])
+    fresh = fresh_next_logits(tiny_model, committed + [t3])
+    torch.testing.assert_close(step.logits[0, -1], fresh, atol=LOGITS_ATOL, rtol=0)
 
 
 def test_cache_matches_fresh_prefill_after_many_tree_steps(tiny_model):
@@ -58,7 +60,7 @@ def test_cache_matches_fresh_prefill_after_many_tree_steps(tiny_model):
     truth = greedy_truth(tiny_model, prompt, 80)
     gen = torch.Generator().manual_seed(0)
     target = HFTarget(tiny_model)
-    target.prefill(prompt)
+    target.prefill(0, prompt)
     tokens = prompt.tolist() + [truth[0]]
     emitted = 1
     for _ in range(12):
@@ -74,14 +76,14 @@ def test_cache_matches_fresh_prefill_after_many_tree_steps(tiny_model):
             draft_tokens.append(true_token if coin else wrong(true_token, shift=int(node)))
         draft = Draft(tokens=torch.tensor(draft_tokens), parents=torch.tensor(parents))
         verify_ids = torch.cat([torch.tensor([tokens[-1]]), draft.tokens])
-        out = target.verify(verify_ids, draft.depths(), draft.tree_mask())
-        verdict = verify_greedy(draft, out.logits)
-        target.commit(verdict.accepted_nodes, num_verified=verify_ids.numel())
+        out = target.verify([SlotInput(verify_ids, draft.depths(), draft.tree_mask())])
+        verdict = verify_greedy(draft, out.logits[0])
+        target.commit([verdict.accepted_nodes])
         new = verify_ids[verdict.accepted_nodes[1:]].tolist() + [verdict.next_token]
         assert new == truth[emitted : emitted + len(new)]  # lossless
         tokens += new
         emitted += len(new)
         assert target.cache_length == len(tokens) - 1  # everything but the pending root
-        live = out.logits[verdict.accepted_nodes[-1]]
+        live = out.logits[0, verdict.accepted_nodes[-1]]
         torch.testing.assert_close(live, fresh_next_logits(tiny_model, tokens[:-1]), atol=LOGITS_ATOL, rtol=0)
     assert emitted > 12 + 3, "some tree steps must have accepted tokens for this test to mean anything"

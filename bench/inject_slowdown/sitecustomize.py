@@ -6,9 +6,9 @@ gate can be shown to catch a slowdown of known size without touching the engine'
         --head-env SPECBENCH_INJECT_VERIFY_SLOWDOWN=0.05
 
 How the delay is added after the real verify: on the CPU, a busy wait of F x the call's own duration; on CUDA,
-a GPU spin kernel (torch.cuda._sleep) of F x the median of the first few calls of that input shape, timed with
-the device synchronised (those first calls are warm-up and graph-capture steps, before any clock), so later
-calls add no host sync. Python imports this module at start-up (site's sitecustomize hook); it patches the
+a GPU spin kernel (torch.cuda._sleep) of F x the median of the first few calls of that step shape (slots, step
+kind, widest slot's nodes), timed with the device synchronised (those first calls are warm-up and graph-capture
+steps, before any clock), so later calls add no host sync. Python imports this module at start-up (site's sitecustomize hook); it patches the
 target modules lazily, when they are first imported, so the tree the process runs from is the one patched.
 """
 
@@ -21,16 +21,19 @@ import sys
 import time
 
 SLOWDOWN = float(os.environ.get("SPECBENCH_INJECT_VERIFY_SLOWDOWN", "0") or 0)
-TARGET_CLASSES = {"specbench.engine.hf_target": "HFTarget", "specbench.engine.static_target": "StaticTarget",
-                  "specbench.engine.batched_target": "BatchedStaticTarget"}
+TARGET_CLASSES = {"specbench.engine.hf_target": "HFTarget", "specbench.engine.static_target": "StaticTarget"}
 CALIBRATION_CALLS = 5
 _durations: dict[tuple, list[float]] = {}
 _cycles_per_s: list[float] = []
 
 
-def _shape_key(owner, args) -> tuple:
-    shapes = tuple(tuple(a.shape) if hasattr(a, "shape") else len(a) if isinstance(a, list) else None for a in args)
-    return type(owner).__name__, shapes
+def _shape_key(owner, inputs) -> tuple:
+    """A verify's step shape: (target class, slots, step kind, the widest slot's nodes) of ``inputs`` (one
+    SlotInput or None per slot), the protocol every target's ``verify(self, inputs)`` speaks."""
+    from specbench.engine.step_inputs import step_kind  # loaded by now: the target module imports it
+
+    live = [x for x in inputs if x is not None]
+    return type(owner).__name__, len(inputs), step_kind(inputs), max((len(x) for x in live), default=0)
 
 
 def _gpu_cycles_per_s(torch) -> float:
@@ -47,23 +50,23 @@ def _gpu_cycles_per_s(torch) -> float:
 
 
 def _slowed(verify):
-    def slowed_verify(self, *args, **kwargs):
+    def slowed_verify(self, inputs):
         import torch
 
         device = getattr(self, "device", None)
         on_cuda = torch.device(device).type == "cuda" if device is not None else False
-        seen = _durations.setdefault(_shape_key(self, args), [])
+        seen = _durations.setdefault(_shape_key(self, inputs), [])
         if not on_cuda or len(seen) < CALIBRATION_CALLS:
             if on_cuda:
                 torch.cuda.synchronize()
             started = time.perf_counter()
-            out = verify(self, *args, **kwargs)
+            out = verify(self, inputs)
             if on_cuda:
                 torch.cuda.synchronize()
             seconds = time.perf_counter() - started
             seen.append(seconds)
         else:
-            out = verify(self, *args, **kwargs)
+            out = verify(self, inputs)
             seconds = statistics.median(seen)
         delay = SLOWDOWN * seconds
         if on_cuda:

@@ -1,27 +1,34 @@
-"""The decode loop, batch size 1: plain and speculative decoding through one code path.
+"""The decode loop of every engine: a prompt queue, B slots decoded together (B = 1 for one sequence), slots refilled
+as requests end; plain and speculative decoding through one code path.
 
-Plain decoding is the same loop with an empty draft, so both share the cache, the forward and
-the timing, and a speedup compares like with like (docs/metrics.md). Each step verifies
-``[root] + draft`` in one target forward, commits the accepted path and emits the accepted
-tokens plus the target's own next token. Draft length is never shortened to fit
-``max_new_tokens``; the output is truncated instead, and counters count what was verified.
+Plain decoding is the same loop without a proposer, so both share the cache, the forward and the timing, and a
+speedup compares like with like (docs/metrics.md). Each step every active slot proposes, one verify scores all
+slots at the step kind's fixed width, greedy verification judges all slots at once on the device (sampling: each
+slot with its own generator), each slot's ragged path is committed and its history appended by batch-wide device
+ops, and the host reads the step's outcome in one transfer. Draft length is never shortened to fit
+``max_new_tokens``; the output is truncated instead, and counters count what was verified. A request that ends
+(EOS unless ignore_eos, or max_new_tokens) frees its slot, which the next queued prompt refills (docs/batching.md).
 """
 
 from __future__ import annotations
 
 import time
+from collections import deque
 from dataclasses import dataclass, field
 
 import torch
 
-from specbench.engine.transfers import host_to_device
+from specbench.engine.slot_proposer import PerSlotProposer, SlotProposer
+from specbench.engine.step_inputs import SlotInput, slot_input
+from specbench.engine.batch_verification import BatchVerdict, read_step, verify_batch_greedy as verify_batch
+from specbench.engine.device_verification import rejection_chain_on_device
 from specbench.engine.draft import Draft
+from specbench.engine.proposer import Proposer, ProposerState
 from specbench.engine.sampling import SamplingParams
-from specbench.engine.target import Target
-from specbench.engine.device_verification import greedy_on_device, rejection_chain_on_device
 from specbench.engine.verification import verifies_greedily, verify
 from specbench.metrics import RequestTiming, SpecCounters
-from specbench.engine.proposer import Proposer, ProposerState
+
+_EMPTY_DRAFT = Draft.chain(torch.empty(0, dtype=torch.long))
 
 
 @dataclass
@@ -39,10 +46,15 @@ class GenerationConfig:
 
 @dataclass
 class GenerationResult:
+    """One request's output, counters and timing (TTFT from its admission to its first token); ``slot`` held it and
+    ``queue_s`` is the time it waited for a free slot."""
+
     output_token_ids: list[int]
     counters: SpecCounters
     timing: RequestTiming
     finish_reason: str  # "length" or "eos"
+    slot: int = 0
+    queue_s: float = 0.0
 
 
 def _synchronize(device: torch.device) -> None:
@@ -50,140 +62,332 @@ def _synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+@dataclass
+class RunStats:
+    num_steps: int = 0  # batched verify forwards
+    num_admissions: int = 0  # prompts prefilled into a slot
+    num_refills: int = 0  # admissions into a slot a finished request had used
+    active_per_step: list[int] = field(default_factory=list)  # slots decoding in each step
+    step_tokens: int = 0  # output tokens the verify steps emitted (each request's first comes from its prefill)
+    admission_s: float = 0.0  # wall time of admissions: group prefills and first tokens
+    step_s: float = 0.0  # wall time of the verify steps, proposing included
+
+    @property
+    def decode_throughput_tokens_per_s(self) -> float:
+        """Output tokens of the steps / their wall time: the decode phase's throughput, admissions left out."""
+        return self.step_tokens / self.step_s if self.step_s > 0 else float("nan")
+
+
+@dataclass
+class _Slot:
+    """One request in flight: its host-side length, emitted tokens, counters and clocks (its device rows live in
+    the decoder's :class:`_History`)."""
+
+    request: int
+    length: int  # tokens in its history: prompt + emitted
+    emitted: list[int]
+    generator: torch.Generator
+    admitted_at: float
+    first_token_s: float
+    counters: SpecCounters = field(default_factory=SpecCounters)
+    finished: bool = False
+
+
+class _History:
+    """Every slot's device history, updated for all B slots by a few device ops per step (no host read)."""
+
+    def __init__(self, batch_size: int, capacity: int, device: torch.device):
+        self.tokens = torch.zeros(batch_size, capacity, dtype=torch.long, device=device)  # (B, C) prompt + emitted
+        self.lengths = torch.zeros(batch_size, dtype=torch.long, device=device)  # (B,) tokens[b, :lengths[b]] is live
+        self.hidden: torch.Tensor | None = None  # (B, H) the target's hidden state that predicted each last token
+        self.features: torch.Tensor | None = None  # (B, C, F) row i predicted tokens[b, i + 1] (feature readers)
+
+    def admit(self, slot: int, prompt: torch.Tensor, first: int, hidden: torch.Tensor,
+              features: torch.Tensor | None) -> None:
+        """Slot ``slot`` starts a request: prompt ``(T,)``, its first token, hidden ``(H,)``, features ``(T, F)``."""
+        length = prompt.numel()
+        self.tokens[slot, :length] = prompt
+        self.tokens[slot, length] = first
+        self.lengths[slot] = length + 1
+        if self.hidden is None:
+            self.hidden = hidden.new_zeros(self.tokens.shape[0], hidden.numel())  # (B, H)
+        self.hidden[slot] = hidden
+        if features is not None:
+            if self.features is None:
+                self.features = features.new_zeros(*self.tokens.shape, features.shape[-1])  # (B, C, F)
+            self.features[slot, :length] = features
+
+    def ensure(self, needed: int) -> None:
+        """Room for ``needed`` tokens per row (a proposer drafting beyond its max_draft_tokens grows it)."""
+        grow = needed - self.tokens.shape[1]
+        if grow > 0:
+            self.tokens = torch.cat([self.tokens, self.tokens.new_zeros(self.tokens.shape[0], grow)], dim=1)
+            if self.features is not None:
+                self.features = torch.cat([self.features, self.features.new_zeros(
+                    self.features.shape[0], grow, self.features.shape[2])], dim=1)
+
+    def record(self, verdict: BatchVerdict, out) -> None:
+        """Append each slot's emitted tokens, the hidden state after its path and its path's features."""
+        _write_rows(self.tokens, self.lengths, verdict.emitted, verdict.kept)
+        hidden = out.hidden_states  # (B, W, H)
+        last = verdict.last_node()[:, None, None]  # (B, 1, 1)
+        self.hidden = hidden.gather(1, last.expand(-1, 1, hidden.shape[-1])).squeeze(1)  # (B, H) a new tensor
+        if self.features is not None:  # the accepted path's hidden states predicted the tokens emitted now
+            source = out.aux_hidden_states if out.aux_hidden_states is not None else hidden  # (B, W, F)
+            picked = source.gather(1, verdict.nodes[:, :, None].expand(-1, -1, source.shape[-1]))  # (B, W, F)
+            _write_rows(self.features, self.lengths - 1, picked, verdict.kept)
+        self.lengths.add_(verdict.kept)  # (B,)
+
+
+def _write_rows(buffer: torch.Tensor, start: torch.Tensor, values: torch.Tensor, count: torch.Tensor) -> None:
+    """``buffer[b, start[b] + i] = values[b, i]`` for ``i < count[b]``, every row at once and without a host read:
+    ``buffer`` ``(B, C, ...)``, ``start`` and ``count`` ``(B,)``, ``values`` ``(B, W, ...)``; other cells unchanged."""
+    batch, width = values.shape[:2]
+    offsets = torch.arange(width, device=values.device)  # (W,)
+    shape = (batch, width) + (1,) * (values.dim() - 2)
+    index = (start[:, None] + offsets).clamp(0, buffer.shape[1] - 1).view(shape).expand_as(values)  # (B, W, ...)
+    live = (offsets < count[:, None]).view(shape)  # (B, W, 1...)
+    buffer.scatter_(1, index, torch.where(live, values, buffer.gather(1, index)))
+
+
 class Decoder:
-    """Generate with ``target``, drafting with ``proposer`` (None = plain autoregressive decoding)."""
+    """Generate every prompt of a queue with ``target``'s B slots, drafting with ``proposer`` (None = plain; a
+    per-sequence :class:`Proposer` runs as the one slot of a target of batch size 1)."""
 
-    def __init__(self, target: Target, proposer: Proposer | None, config: GenerationConfig):
-        self.target = target
-        self.proposer = proposer
-        self.config = config
+    def __init__(self, target, proposer: SlotProposer | Proposer | None, config: GenerationConfig):
+        if isinstance(proposer, Proposer):
+            if target.batch_size != 1:
+                raise ValueError(f"a per-sequence {type(proposer).__name__} drafts for one slot, but the target has "
+                                 f"{target.batch_size}; pass its slot form (proposers.batched.for_batch)")
+            proposer = PerSlotProposer([proposer])
+        self.target, self.proposer, self.config = target, proposer, config
+        self.stats = RunStats()
+        self._depth_lists: dict[int, tuple[torch.Tensor, list[int]]] = {}  # id -> (a tree's depths, as a list)
 
-    def _check_lengths(self, prompt_len: int) -> None:
+    @property
+    def _draft_room(self) -> int:
+        return self.proposer.max_draft_tokens if self.proposer else 0
+
+    def prepare(self, prompts: list[torch.Tensor]) -> None:
+        """Size every slot for the longest of ``prompts`` (the memory check comes first) and capture every graph they
+        can replay (prefills, steps at every span, the proposer's); ``generate_all`` calls it, and a caller that warms
+        up on fewer prompts calls it on the full set first, so nothing is captured once the clock runs."""
         limit = self.target.max_context
-        if prompt_len == 0:
-            raise ValueError("prompt is empty: at least one prompt token is needed to start decoding")
-        draft_room = self.proposer.max_draft_tokens if self.proposer else 0
-        needed = prompt_len + self.config.max_new_tokens + draft_room
-        if needed > limit:
-            raise ValueError(
-                f"context length exceeded: prompt ({prompt_len} tokens) + max_new_tokens "
-                f"({self.config.max_new_tokens}) + draft tokens per step ({draft_room}) = {needed} > the "
-                f"target's max context {limit}; shorten the prompt or lower max_new_tokens"
-            )
-
-    @torch.inference_mode()
-    def generate(self, prompt_ids: torch.Tensor | list[int], seed: int | None = None) -> GenerationResult:
-        prompt = torch.as_tensor(prompt_ids, dtype=torch.long).flatten()  # (T,)
-        self._check_lengths(prompt.numel())
-        draft_room = self.proposer.max_draft_tokens if self.proposer else 0
-        self.target.reserve(prompt.numel() + self.config.max_new_tokens + draft_room, draft_room)
-        self.target.prepare_prefills([prompt.numel()])  # a prefill graph's capture, if any, before the clock starts
-        self.target.prepare_steps()  # and the step graphs' (a kind the warm-up never stepped)
+        for index, prompt in enumerate(prompts):
+            if prompt.numel() == 0:
+                raise ValueError(f"prompt {index} is empty: at least one prompt token is needed to start decoding")
+            needed = prompt.numel() + self.config.max_new_tokens + self._draft_room
+            if needed > limit:
+                raise ValueError(
+                    f"context length exceeded: prompt {index} ({prompt.numel()} tokens) + max_new_tokens "
+                    f"({self.config.max_new_tokens}) + draft tokens per step ({self._draft_room}) = {needed} > the "
+                    f"target's max context {limit}; shorten the prompt or lower max_new_tokens"
+                )
+        longest = max(p.numel() for p in prompts) + self.config.max_new_tokens + self._draft_room
+        self.target.reserve(longest, self._draft_room)
+        self.target.prepare_prefills([p.numel() for p in prompts])  # lone admissions replay these graphs
+        kinds = ("plain",) if self.proposer is None else ("plain", "chain", "tree")  # a plain run verifies no draft
+        self.target.prepare_steps(min(p.numel() for p in prompts), kinds)  # every step graph, at every attention span
+        self._history = _History(self.target.batch_size, longest + 1, self.target.device)
         if self.proposer is not None:
-            self.proposer.reserve(prompt.numel() + self.config.max_new_tokens + draft_room)
+            self.proposer.reserve(longest)
+
+    def generate(self, prompt_ids, seed: int | None = None) -> GenerationResult:
+        """One request alone: ``generate_all([prompt_ids])``'s result, with the peak memory of its run on CUDA."""
         device = self.target.device
-        sampling = self.config.sampling
-        generator = torch.Generator(device=device)
-        generator.manual_seed(self.config.seed if seed is None else seed)
-        eos = set() if self.config.ignore_eos else set(self.config.eos_token_ids)
-        counters = SpecCounters()
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
+        result = self.generate_all([prompt_ids], None if seed is None else [seed])[0]
+        if device.type == "cuda":
+            result.timing.peak_memory_bytes = torch.cuda.max_memory_allocated(device)
+        return result
 
-        _synchronize(device)
-        start = time.perf_counter()
-        prefill = self.target.prefill(prompt)
-        first = verify(_EMPTY_DRAFT, prefill.logits, sampling, generator)  # the first token, sampled as any
-        _synchronize(device)
-        time_to_first_token = time.perf_counter() - start
+    @torch.inference_mode()
+    def generate_all(self, prompts: list, seeds: list[int] | None = None) -> list[GenerationResult]:
+        """Decode every prompt; results in prompt order. Request i samples with ``seeds[i]`` (default: the config's
+        seed), as ``Decoder.generate(prompt, seed)`` would alone."""
+        prompts = [torch.as_tensor(p, dtype=torch.long).flatten() for p in prompts]
+        if seeds is not None and len(seeds) != len(prompts):
+            raise ValueError(f"seeds must give one seed per prompt ({len(prompts)}), got {len(seeds)}")
+        self.prepare(prompts)
+        self.stats = RunStats()
+        queue = deque(range(len(prompts)))
+        slots: list[_Slot | None] = [None] * self.target.batch_size
+        used = [False] * self.target.batch_size
+        results: list[GenerationResult | None] = [None] * len(prompts)
+        run_start = time.perf_counter()
+        while True:
+            self._refill(slots, used, queue, prompts, seeds, results, run_start)
+            active = [b for b, s in enumerate(slots) if s is not None]
+            if not active:
+                break
+            started = time.perf_counter()
+            self._step(slots, active)  # ends with the step's readback: the device is done with it
+            self.stats.step_s += time.perf_counter() - started
+            for b in active:
+                if slots[b].finished:
+                    results[slots[b].request] = self._finish(slots[b], b, run_start)
+                    slots[b] = None
+                    self.target.release(b)
+        return results
 
-        # prompt + output + the tokens a step can emit beyond max_new_tokens, preallocated on the device;
-        # tokens[:length] is the history, and positions below length are never written again
-        tokens = torch.zeros(prompt.numel() + self.config.max_new_tokens + draft_room + 1, dtype=torch.long, device=device)
-        tokens[: prompt.numel()] = prompt.to(device)
-        tokens[prompt.numel()] = first.next_token
-        length = prompt.numel() + 1
-        emitted = [first.next_token]
-        hidden = prefill.hidden_states[-1]  # (H,)
-        features = None
-        if self.proposer is not None and self.proposer.needs_hidden_states:
-            # row i: the hidden state that predicted tokens[i + 1]; rows [0, length - 1) are filled
-            # the aux layers' streams when the proposer asked the target for them (EAGLE-3), else the final ones
-            source = prefill.aux_hidden_states if prefill.aux_hidden_states is not None else prefill.hidden_states
-            features = source.new_zeros(tokens.numel(), source.shape[-1])  # (capacity, F)
-            features[: prompt.numel()] = source
-        finish_reason = "eos" if first.next_token in eos else "running"
-        if self.proposer is not None:
-            self.proposer.begin_request(prompt.to(device))
-        while finish_reason == "running" and len(emitted) < self.config.max_new_tokens:
-            draft = None
-            if self.proposer is not None:
-                draft = self.proposer.propose(ProposerState(
-                    token_ids=tokens[:length], hidden_state=hidden,
-                    hidden_states=None if features is None else features[: length - 1]))
-            draft = draft if draft is not None and len(draft) else _EMPTY_DRAFT
-            verify_ids = _verify_input(emitted[-1], tokens[length - 1 : length], draft.tokens, device)  # (N + 1,)
-            tree_mask = None if draft.is_chain else draft.tree_mask()  # (N + 1, N + 1)
-            out = self.target.verify(verify_ids, draft.depths(), tree_mask)
-            accepted_nodes, new = verify_step(draft, verify_ids, out.logits, sampling, generator)
-            self.target.commit(accepted_nodes, num_verified=verify_ids.numel())
-            counters.record_step(draft.depth(), len(accepted_nodes) - 1)
-            hidden = out.hidden_states[accepted_nodes[-1]]  # (H,) predicted the last emitted token
-            end = length + len(new)
-            if end > tokens.numel():  # a proposer drafting beyond its max_draft_tokens
-                tokens = torch.cat([tokens, tokens.new_zeros(end - tokens.numel())])
-                if features is not None:
-                    features = torch.cat([features, features.new_zeros(end - features.shape[0], features.shape[1])])
-            # host-known indices and tokens go up without a stream sync (a pinned, asynchronous copy on CUDA)
-            if features is not None:  # the accepted path's hidden states predicted the tokens emitted now
-                step = out.aux_hidden_states if out.aux_hidden_states is not None else out.hidden_states
-                kept = len(accepted_nodes)
-                contiguous = accepted_nodes[-1] == kept - 1  # a chain's path (ascending from 0): a slice
-                rows = slice(0, kept) if contiguous else host_to_device(accepted_nodes, step.device)
-                features[length - 1: end - 1] = step[rows]
-            tokens[length:end] = host_to_device(new, device)
-            length = end
-            for token in new:
-                emitted.append(token)
-                if token in eos:
-                    finish_reason = "eos"
-                    break
-        _synchronize(device)
-        total = time.perf_counter() - start
+    def _refill(self, slots, used, queue, prompts, seeds, results, run_start) -> None:
+        """Admit queued prompts into the free slots, all together; a request done at its first token frees its slot,
+        which the next admission round refills."""
+        while queue:
+            free = [b for b, s in enumerate(slots) if s is None][: len(queue)]
+            if not free:
+                return
+            indices = [queue.popleft() for _ in free]
+            for b in free:
+                self.stats.num_admissions += 1
+                self.stats.num_refills += used[b]
+                used[b] = True
+            seeds_of = [self.config.seed if seeds is None else seeds[i] for i in indices]
+            admitted = self._admit(free, indices, [prompts[i] for i in indices], seeds_of)
+            for b, state in zip(free, admitted):
+                slots[b] = state
+                if state.finished:
+                    results[state.request] = self._finish(state, b, run_start)
+                    slots[b] = None
+                    self.target.release(b)
 
-        emitted = emitted[: self.config.max_new_tokens]
-        finish_reason = "eos" if emitted[-1] in eos else "length"
-        peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
-        timing = RequestTiming(
-            num_output_tokens=len(emitted),
-            time_to_first_token_s=time_to_first_token,
-            total_s=total,
-            peak_memory_bytes=peak,
+    def _admit(self, free: list[int], indices: list[int], prompts: list[torch.Tensor], seeds: list[int]) -> list[_Slot]:
+        """Prefill ``prompts`` into slots ``free`` in one group and take each one's first token: each
+        request's TTFT is the group's (docs/batching.md#admission)."""
+        device = self.target.device
+        _synchronize(device)
+        admitted_at = time.perf_counter()
+        on_device = [p.to(device) for p in prompts]
+        prefills = self.target.prefill_many(free, on_device)
+        generators = []
+        for seed in seeds:
+            generators.append(torch.Generator(device=device))
+            generators[-1].manual_seed(seed)
+        if verifies_greedily(self.config.sampling):  # every first token in one read
+            firsts = torch.cat([out.logits for out in prefills]).argmax(dim=-1).tolist()  # (n,)
+        else:
+            firsts = [verify(_EMPTY_DRAFT, out.logits, self.config.sampling, g).next_token
+                      for out, g in zip(prefills, generators)]
+        _synchronize(device)
+        first_token_s = time.perf_counter() - admitted_at
+        self.stats.admission_s += first_token_s
+        states = []
+        for slot, index, prompt, first, out, generator in zip(free, indices, on_device, firsts, prefills, generators):
+            features = None
+            if self.proposer is not None and self.proposer.needs_hidden_states:
+                features = out.aux_hidden_states if out.aux_hidden_states is not None else out.hidden_states
+            self._history.admit(slot, prompt, first, out.hidden_states[-1], features)
+            state = _Slot(index, prompt.numel() + 1, [first], generator, admitted_at, first_token_s)
+            state.finished = self._ended(state)
+            if self.proposer is not None and not state.finished:
+                self.proposer.begin_request(slot, prompt)
+            states.append(state)
+        return states
+
+    def _ended(self, state: _Slot) -> bool:
+        eos = () if self.config.ignore_eos else self.config.eos_token_ids
+        return state.emitted[-1] in eos or len(state.emitted) >= self.config.max_new_tokens
+
+    def _step(self, slots: list[_Slot | None], active: list[int]) -> None:
+        """Propose for every active slot, verify all slots in one forward, verify all slots at once (greedy) and
+        commit on the device; the host reads the step's outcome once, then does its per-request bookkeeping."""
+        drafts = self._propose(slots, active)
+        inputs: list[SlotInput | None] = [None] * len(slots)
+        for b in active:
+            inputs[b] = self._input(slots[b].emitted[-1], drafts[b])
+        out = self.target.verify(inputs)  # logits (B, W, V), hidden (B, W, H)
+        self._history.ensure(max(slots[b].length for b in active) + out.logits.shape[1])  # no row clamps a write
+        unknown = [b for b in active if drafts[b].precomputed_depth is None]  # trees drafted anew (EAGLE-2)
+        if verifies_greedily(self.config.sampling):
+            step = self.target.verified_step()  # ids (B, W), ancestors (B, W, W), counts (B,) on the device
+            verdict = verify_batch(step.ids, out.logits, step.ancestors, step.counts, chain=step.chain)
+            depths = step.depths.amax(dim=1) if unknown else None  # (B,) each slot's deepest node (padding: 0)
+            readback = read_step(verdict, depths)  # the step's one device-to-host transfer, waited for below
+            emitted = readback.tokens
+        else:
+            verdict, tokens = self._verify_sampled(slots, active, drafts, inputs, out)
+            emitted, readback, unknown = (lambda: tokens), None, []  # host verification reads them
+        self._history.record(verdict, out)
+        for b in unknown:  # waits for the readback before the commit is queued: it sizes the commit's gather
+            drafts[b].precomputed_depth = readback.depths()[b]  # what Draft.depth() would read, slot by slot
+        moved = [drafts[b].depth() + 1 for b in active if not drafts[b].is_chain]  # trees: paths may need moving
+        source = verdict.nodes[:, : max(moved)] if moved else None  # (B, P) P: the longest possible path
+        self.target.commit_accepted(verdict.kept, source, lambda: [len(t) for t in emitted()])
+        self.stats.num_steps += 1
+        self.stats.active_per_step.append(len(active))
+        tokens = emitted()
+        for b in active:
+            self.stats.step_tokens += self._record(slots[b], drafts[b], tokens[b])
+
+    def _input(self, root: int, draft: Draft) -> SlotInput:
+        return slot_input(root, draft, self.target.device, self._host_depths)
+
+    def _host_depths(self, depths: torch.Tensor) -> list[int]:
+        """A tree's depths ``(N + 1,)`` as a host list, read once per depths tensor: a static tree (Medusa) hands
+        every slot the same tensor at every step, so its depths cost no read and no copy after the first."""
+        cached = self._depth_lists.get(id(depths))
+        if cached is None or cached[0] is not depths:
+            if len(self._depth_lists) >= 8:  # per-step trees of other proposers: keep the cache small
+                self._depth_lists.clear()
+            cached = self._depth_lists[id(depths)] = (depths, depths.tolist())
+        return cached[1]
+
+    def _verify_sampled(self, slots, active, drafts, inputs, out) -> tuple[BatchVerdict, list[list[int]]]:
+        """Sampling: each slot verified on its own with its own generator (rejection sampling of chains on the
+        device, trees on the host); the verdict goes back in one copy."""
+        step_ids = self.target.verified_ids()  # (B, W)
+        paths: list[list[int] | None] = [None] * len(slots)
+        emitted: list[list[int]] = [[] for _ in slots]
+        for b in active:
+            n = len(inputs[b])
+            paths[b], emitted[b] = verify_sampled(drafts[b], step_ids[b, :n], out.logits[b, :n], self.config.sampling,
+                                               slots[b].generator)
+        return BatchVerdict.from_host(paths, emitted, out.logits.shape[1], self.target.device), emitted
+
+    def _propose(self, slots: list[_Slot | None], active: list[int]) -> dict[int, Draft]:
+        if self.proposer is None:
+            return {b: _EMPTY_DRAFT for b in active}
+        history, states = self._history, {}
+        for b in active:
+            length = slots[b].length
+            states[b] = ProposerState(token_ids=history.tokens[b, :length], hidden_state=history.hidden[b],
+                                      hidden_states=None if history.features is None else history.features[b, : length - 1])
+        drafts = self.proposer.propose(states)
+        return {b: d if d is not None and len(d) else _EMPTY_DRAFT for b, d in drafts.items()}
+
+    def _record(self, state: _Slot, draft: Draft, new: list[int]) -> int:
+        """The host's bookkeeping of one slot's step: counters, length, emitted tokens and its end. Returns the
+        output tokens it kept (none past EOS or max_new_tokens)."""
+        state.counters.record_step(draft.depth(), len(new) - 1)
+        state.length += len(new)
+        eos = () if self.config.ignore_eos else self.config.eos_token_ids
+        before = min(len(state.emitted), self.config.max_new_tokens)
+        for token in new:
+            state.emitted.append(token)
+            if token in eos:
+                break
+        state.finished = self._ended(state)
+        return min(len(state.emitted), self.config.max_new_tokens) - before
+
+    def _finish(self, state: _Slot, slot: int, run_start: float) -> GenerationResult:
+        _synchronize(self.target.device)
+        total = time.perf_counter() - state.admitted_at
+        emitted = state.emitted[: self.config.max_new_tokens]
+        eos = () if self.config.ignore_eos else self.config.eos_token_ids
+        timing = RequestTiming(num_output_tokens=len(emitted), time_to_first_token_s=state.first_token_s, total_s=total)
+        return GenerationResult(
+            output_token_ids=emitted, counters=state.counters, timing=timing,
+            finish_reason="eos" if emitted[-1] in eos else "length", slot=slot, queue_s=state.admitted_at - run_start,
         )
-        return GenerationResult(output_token_ids=emitted, counters=counters, timing=timing, finish_reason=finish_reason)
 
 
-_EMPTY_DRAFT = Draft.chain(torch.empty(0, dtype=torch.long))
-
-
-def _verify_input(root: int, root_on_device: torch.Tensor, draft_tokens: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """``[root, *draft_tokens]`` ``(N + 1,)`` on ``device``: a host-held draft (n-gram, scripted) goes up with the
-    root, known on the host, in one asynchronous copy; a device-held one is joined to ``root_on_device`` ``(1,)``."""
-    if draft_tokens.device.type == "cpu" and device.type != "cpu":  # reading a CPU tensor syncs nothing
-        return host_to_device([root] + draft_tokens.tolist(), device)
-    return torch.cat([root_on_device, draft_tokens.to(device)])
-
-
-def verify_step(draft: Draft, verify_ids: torch.Tensor, logits: torch.Tensor, sampling,
-                generator: torch.Generator | None) -> tuple[list[int], list[int]]:
-    """(accepted nodes, emitted tokens) of one verify's ``(N + 1, V)`` logits: greedy and chain rejection
-    sampling on the device (one device-to-host transfer), trees under sampling through ``verify`` on the host."""
-    if verifies_greedily(sampling):
-        accepted, _, new = greedy_on_device(draft, verify_ids, logits)
-    elif draft.is_chain and sampling.rule == "rejection":
+def verify_sampled(draft: Draft, verify_ids: torch.Tensor, logits: torch.Tensor, sampling,
+                   generator: torch.Generator | None) -> tuple[list[int], list[int]]:
+    """(accepted nodes, emitted tokens) of one slot's sampled verify of ``(N + 1, V)`` logits: chain rejection
+    sampling on the device (one device-to-host transfer), anything else through ``verify`` on the host."""
+    if draft.is_chain and sampling.rule == "rejection":
         accepted, _, new = rejection_chain_on_device(draft, verify_ids, logits, sampling, generator)
-    else:
-        verdict = verify(draft, logits, sampling, generator)
-        accepted = verdict.accepted_nodes
-        new = verify_ids[accepted[1:]].tolist() + [verdict.next_token]
-    return accepted, new
+        return accepted, new
+    verdict = verify(draft, logits, sampling, generator)
+    return verdict.accepted_nodes, verify_ids[verdict.accepted_nodes[1:]].tolist() + [verdict.next_token]

@@ -34,7 +34,7 @@ class Draft:
     # known on the host by whoever built the draft (a chain, a static tree): reading them off device-resident
     # parents would cost a device-to-host sync every decode step. ``precomputed_is_chain`` False means "verify as a
     # tree" (a chain-shaped tree verifies alike). A depth left None (EAGLE-2: the deepest selected level is known
-    # on the device only) is filled by the device verification from the step's one readback (greedy_on_device)
+    # on the device only) is filled by the device verification from the step's one readback (engine/decode.py)
     precomputed_is_chain: bool | None = field(default=None, repr=False, compare=False)
     precomputed_depth: int | None = field(default=None, repr=False, compare=False)
 

@@ -1,4 +1,5 @@
-"""A :class:`~specbench.engine.target.Target` over any transformers causal LM (the universal path).
+"""The eager reference target over any transformers causal LM (the universal path): one slot of the static target's
+protocol (engine/static_target.py), so the one decode loop drives both (docs/engines.md#the-reference).
 
 Verification calls the model's decoder directly so the final hidden states (after the final
 norm) and the logits come from one forward; trees use a 4D additive attention mask and per-node
@@ -20,7 +21,9 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from transformers import DynamicCache, PreTrainedModel
 
+from specbench.engine.step_inputs import SlotInput, VerifiedStep
 from specbench.engine.target import TargetOutput
+from specbench.engine.transfers import host_to_device
 
 
 def cache_argument(forward) -> str:
@@ -73,12 +76,13 @@ class HFTarget:
         """Context for a forward: no cuDNN attention on CUDA (a plan build per new shape)."""
         return sdpa_kernel(VARIABLE_SHAPE_SDPA_BACKENDS) if self.device.type == "cuda" else contextlib.nullcontext()
 
+    batch_size = 1  # one sequence: the loop's slot 0
+    cuda_graphs = False  # transformers' own forwards, eager
+    capture_seconds = 0.0
+
     @property
     def cache_length(self) -> int:
         return 0 if self.cache is None else self.cache.get_seq_length()
-
-    def reset(self) -> None:
-        self.cache = DynamicCache(config=self.config)
 
     def reserve(self, num_tokens: int, max_draft_tokens: int = 0) -> None:
         """Nothing to size: the dynamic cache grows with the request."""
@@ -86,12 +90,15 @@ class HFTarget:
     def prepare_prefills(self, lengths) -> None:
         """Nothing to capture: transformers' own forward runs each prefill."""
 
-    def prepare_steps(self) -> None:
+    def prepare_steps(self, shortest: int = 1, kinds: tuple[str, ...] = ()) -> None:
         """Nothing to capture: transformers' own forward runs each step."""
 
-    def truncate(self, length: int) -> None:
-        """Drop committed cache entries beyond ``length`` (benchmarks re-verify from one cache state)."""
-        excess = self.cache_length - length
+    def release(self, slot: int) -> None:
+        """The request in the slot ended: its cache goes with the next prefill."""
+
+    def truncate(self, lengths: dict[int, int]) -> None:
+        """Drop committed cache entries beyond ``lengths[0]`` (benchmarks re-verify from one cache state)."""
+        excess = self.cache_length - lengths.get(0, self.cache_length)
         if excess > 0:  # a negative count removes that many in every transformers 5 release
             self.cache.crop(-excess)
 
@@ -101,9 +108,16 @@ class HFTarget:
             logits = torch.tanh(logits / self._softcap) * self._softcap
         return logits
 
+    def _check_slot(self, slot: int) -> None:
+        if slot != 0:
+            raise ValueError(f"HFTarget holds one sequence (slot 0), got slot {slot}; batch on the static engine")
+
     @torch.inference_mode()
-    def prefill(self, input_ids: torch.Tensor) -> TargetOutput:
-        self.reset()
+    def prefill(self, slot: int, input_ids: torch.Tensor) -> TargetOutput:
+        """Run the prompt ``(T,)`` into a new cache: the last position's logits ``(1, V)`` and every position's
+        hidden states ``(T, H)`` (feature-reading proposers such as EAGLE need them)."""
+        self._check_slot(slot)
+        self.cache = DynamicCache(config=self.config)
         ids = input_ids.to(self.device).view(1, -1)  # (1, T)
         with self._attention_backends():
             out = self.decoder(input_ids=ids, use_cache=True, output_hidden_states=bool(self.aux_layers),
@@ -112,18 +126,29 @@ class HFTarget:
         return TargetOutput(logits=self._logits(hidden[-1:]), hidden_states=hidden,  # only the last predicts
                             aux_hidden_states=self._aux(out))
 
+    def prefill_many(self, slots: list[int], prompts: list[torch.Tensor]) -> list[TargetOutput]:
+        return [self.prefill(slot, prompt) for slot, prompt in zip(slots, prompts)]
+
     @torch.inference_mode()
-    def verify(self, input_ids: torch.Tensor, depths: torch.Tensor, tree_mask: torch.Tensor | None) -> TargetOutput:
-        past = self.cache_length
-        n = input_ids.numel()
-        ids = input_ids.to(self.device).view(1, n)  # (1, N)
-        position_ids = (past + depths.to(self.device)).view(1, n)  # (1, N)
-        if tree_mask is None:  # a chain: plain causal attention among the new tokens
-            tree_mask = torch.ones(n, n, dtype=torch.bool).tril_()
+    def verify(self, inputs: list[SlotInput | None]) -> TargetOutput:
+        """Score slot 0's ``[root, *draft]`` ``(N,)`` placed after the cache in one forward: logits ``(1, N, V)``,
+        hidden states ``(1, N, H)`` (aux ``(1, N, A * H)``), as the static target returns them at B = 1."""
+        if len(inputs) != 1 or inputs[0] is None:
+            raise ValueError(f"HFTarget verifies one live slot, got {len(inputs)} inputs")
+        x = inputs[0]
+        ids = x.ids if torch.is_tensor(x.ids) else host_to_device(x.ids, self.device)
+        if x.tail is not None:
+            ids = torch.cat([ids.to(self.device), x.tail.to(self.device)])
+        ids = ids.to(self.device).flatten()  # (N,)
+        depths = x.depths if torch.is_tensor(x.depths) else torch.tensor(x.depths)
+        n, past = ids.numel(), self.cache_length
+        tree = x.tree_mask.to(self.device) if x.tree_mask is not None else torch.ones(
+            n, n, dtype=torch.bool, device=self.device).tril_()  # (N, N) a chain: causal among the new tokens
+        self._step = (ids, tree, x.tree_mask is None)
         # an explicit 4D mask is used as given by every transformers 5 attention path, so chains and
         # trees take the same route whatever the library's own causal-mask logic does
         allowed = torch.ones(n, past + n, dtype=torch.bool, device=self.device)  # (N, past + N)
-        allowed[:, past:] = tree_mask.to(self.device)
+        allowed[:, past:] = tree
         attention_mask = torch.zeros(1, 1, n, past + n, dtype=self.dtype, device=self.device)
         attention_mask.masked_fill_(~allowed, torch.finfo(self.dtype).min)  # additive (1, 1, N, past + N)
         extra = {self._cache_kwarg: self.cache}
@@ -131,17 +156,36 @@ class HFTarget:
             extra["cache_position"] = torch.arange(past, past + n, device=self.device)  # (N,) slots written
         with self._attention_backends():
             out = self.decoder(
-                input_ids=ids, position_ids=position_ids, attention_mask=attention_mask, use_cache=True,
-                output_hidden_states=bool(self.aux_layers), **extra
+                input_ids=ids.view(1, n), position_ids=(past + depths.to(self.device)).view(1, n),
+                attention_mask=attention_mask, use_cache=True, output_hidden_states=bool(self.aux_layers), **extra
             )
         hidden = out.last_hidden_state[0]  # (N, H)
-        return TargetOutput(logits=self._logits(hidden), hidden_states=hidden, aux_hidden_states=self._aux(out))
+        aux = self._aux(out)
+        return TargetOutput(logits=self._logits(hidden)[None], hidden_states=hidden[None],
+                            aux_hidden_states=None if aux is None else aux[None])
+
+    def verified_step(self) -> VerifiedStep:
+        """The last verify's ids ``(1, N)``, ancestor mask ``(1, N, N)``, count and depths, as greedy verification
+        reads them on the device."""
+        ids, tree, chain = self._step
+        return VerifiedStep(ids[None], tree[None], torch.tensor([ids.numel()], device=self.device),
+                            tree.sum(dim=-1)[None] - 1, chain=chain)
+
+    def verified_ids(self) -> torch.Tensor:
+        return self._step[0][None]  # (1, N)
+
+    def commit_accepted(self, kept: torch.Tensor, source: torch.Tensor | None, host_kept) -> None:
+        """The device verdict's commit, read on the host: ``host_kept()[0]`` nodes, ``source[0]`` their indices."""
+        count = host_kept()[0]
+        self.commit([list(range(count)) if source is None else source[0, :count].tolist()])
 
     @torch.inference_mode()
-    def commit(self, accepted_nodes: list[int], num_verified: int) -> None:
+    def commit(self, accepted: list[list[int] | None]) -> None:
+        """Keep the accepted nodes (verify-input indices, ascending, root first) of the last verify, contiguously."""
+        nodes, num_verified = accepted[0], self._step[0].numel()
         past = self.cache_length - num_verified
-        kept = len(accepted_nodes)
-        if accepted_nodes == list(range(kept)):
+        kept = len(nodes)
+        if nodes == list(range(kept)):
             if kept < num_verified:
                 self.cache.crop(-(num_verified - kept))
             return
@@ -151,7 +195,7 @@ class HFTarget:
                     f"tree verification needs plain dynamic KV layers; {type(self.model).__name__} uses "
                     f"{type(layer).__name__} (sliding-window or other); use a chain proposer with this target"
                 )
-            index = past + torch.tensor(accepted_nodes, device=layer.keys.device)  # (A,)
+            index = past + torch.tensor(nodes, device=layer.keys.device)  # (A,)
             # keys/values: (1, heads, T, head_dim); the accepted entries move to [past, past + A)
             layer.keys = torch.cat([layer.keys[..., :past, :], layer.keys[..., index, :]], dim=-2)
             layer.values = torch.cat([layer.values[..., :past, :], layer.values[..., index, :]], dim=-2)

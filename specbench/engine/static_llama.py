@@ -316,7 +316,7 @@ class StaticLlamaForCausalLM(nn.Module):
         residual streams entering ``aux_layers``, concatenated ``(W, len(aux_layers) * H)`` (None without).
         Batched (docs/batching.md): ``cache`` ``(layers, 2, B, kv_heads, S, head_dim)``, ``slots`` ``(B, W)``, ``mask``
         ``(B, W, K)``, and ``ids``, ``positions`` and the outputs flattened to ``B * W`` rows. A group prefill
-        (engine/batched_prefill.py) passes the batched cache, ``slots`` ``(n,)`` the rows its n padded prompts fill
+        (engine/group_prefill.py) passes the batched cache, ``slots`` ``(n,)`` the rows its n padded prompts fill
         and ``mask`` None (:meth:`Attention.prefill_rows`)."""
         x = self.model.embed_tokens(ids)  # (W, H)
         cos, sin = ops.rotary_tables(self.inv_freq, positions, x.dtype)  # (W, D) each

@@ -115,12 +115,12 @@ def compiled_ops(*, autotune_gemv: bool = False) -> StepOps:
 
 @functools.cache
 def compiled_prefill_ops() -> StepOps:
-    """The stages of a fused group prefill (``BatchedStaticTarget(fused_prefill=True)``), one set per process.
+    """The stages of a fused group prefill (``StaticTarget(fused_prefill=True)``), one set per process.
 
     Each stage is compiled from a copy of its code object, so it has a dynamo cache of its own: a prefill's
     widths never recompile the steps' compiled stages (which a shared cache would do, with a symbolic width).
     Shapes are automatic dynamic: the first group size compiles each stage, the second recompiles it with the
-    token count symbolic, and every later size reuses that (``batched_prefill.prepare_fused`` runs both before
+    token count symbolic, and every later size reuses that (``group_prefill.prepare_fused`` runs both before
     anything is timed, the second at a real admission's size; docs/batching.md#admission)."""
 
     def own(fn: Callable) -> Callable:

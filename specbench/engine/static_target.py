@@ -1,64 +1,46 @@
-"""A shape-stable :class:`~specbench.engine.target.Target` for the Llama family (``--engine static``).
+"""The static engine's target: a Llama-family model on B slots (B = 1 for one sequence), group or per-slot prefill,
+one fixed-width verify forward, per-slot ragged commit (docs/engines.md, docs/batching.md).
 
-The KV cache is preallocated and its length kept on the device. Every verify step of one kind (plain:
-1 node, chain: K + 1, tree: nodes + 1) is padded to one fixed width, writes that many cache slots and
-attends over the whole cache through a boolean mask built on the device, so each kind has a single
-shape and can later be captured once as a CUDA graph. Padded nodes land beyond the committed length
-and are never attended to. A chain commits by advancing the length; a tree path by a fixed-size
-in-place gather of the accepted nodes into contiguous slots. ``HFTarget`` stays the reference.
+Each slot holds one request in its own row of a :class:`~specbench.engine.static_cache.StaticKVCache`.
+A verify step scores ``(B, W)`` nodes at the step kind's fixed width W (plain 1, chain K + 1, tree
+nodes + 1): slot b's nodes go right after its own committed entries and attend to them plus its own
+draft (causal for a chain, its tree mask for a tree); padding and idle slots are written beyond the
+committed lengths and never attended to by a real node. ``commit`` (host paths) or ``commit_accepted``
+(device tensors, nothing read back) keeps a ragged number of accepted nodes per slot. Shapes are fixed
+per step kind; attention reads the first K entries of every slot, K the longest slot's span (engine/static_cache.py),
+so each (kind, width, span) forward is captured once as a CUDA graph and replayed (engine/graph_capture.py): one
+launch instead of ~10 per layer, so a 7B step is bound by its weight reads, not by the host. On CUDA the pointwise
+stages are compiled and the one-row matmuls tuned (engine/static_ops.py); ``HFTarget`` stays the reference.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
-from pathlib import Path
+from functools import partial
 
 import torch
 
+from specbench.engine.static_cache import StaticKVCache, attention_span, attention_spans, check_cache_fits
+from specbench.engine.step_inputs import SlotInput, VerifiedStep, BatchBuffers, fill_buffers, step_kind
+from specbench.engine.group_prefill import DEFAULT_TOKEN_BUDGET, prefill_group, prepare_fused, split_group
+from specbench.engine.transfers import host_to_device
 from specbench.engine.graph_capture import GraphBackend, StepGraphs
 from specbench.engine.prefill_graphs import CapturedPrefill
-from specbench.engine.static_cache import StaticKVCache
-from specbench.engine.static_llama import EAGER_HINT, SUPPORTED_MODEL_TYPES, LlamaShape, StaticLlamaForCausalLM, UnsupportedModel
-from specbench.engine.static_ops import EAGER_OPS, compiled_ops
+from specbench.engine.static_llama import EAGER_HINT, StaticLlamaForCausalLM, UnsupportedModel
+from specbench.engine.static_loading import module_from_hf_model, module_from_pretrained
+from specbench.engine.static_ops import EAGER_OPS, StepOps, compiled_ops, compiled_prefill_ops
 from specbench.engine.target import TargetOutput
-from specbench.engine.transfers import host_to_device, tensor_to_device
-
-# cache slots allocated when nothing reserved more (a 128k-context config would otherwise take GBs)
-DEFAULT_CACHE_SLOTS = 4096
-
-
-@dataclass
-class _StepBuffers:
-    """The static inputs of one step kind; a captured graph would read exactly these."""
-
-    ids: torch.Tensor  # (W,) int64 verify input, padded with token 0
-    depths: torch.Tensor  # (W,) int64 position offsets from the cache end, padded with 0
-    tree: torch.Tensor  # (W, W) bool; padded rows see only themselves, no real row sees a padded one
-    gather: torch.Tensor  # (W,) int64 accepted nodes padded with the identity (tree commits)
-    # the draft tensors last written into depths / tree: a static tree hands over the same immutable
-    # tensors every step, so rewriting them would be launches for nothing on the hot path
-    depths_source: torch.Tensor | None = None
-    tree_source: torch.Tensor | None = None
-
-    @classmethod
-    def allocate(cls, width: int, device) -> "_StepBuffers":
-        return cls(
-            ids=torch.zeros(width, dtype=torch.long, device=device),
-            depths=torch.zeros(width, dtype=torch.long, device=device),
-            tree=torch.ones(width, width, dtype=torch.bool, device=device).tril_(),  # a chain's mask, never rewritten
-            gather=torch.arange(width, device=device),
-        )
 
 
 class StaticTarget:
-    """Llama / Mistral / Qwen2 on :mod:`specbench.engine.static_llama`, batch size 1, same protocol as HFTarget."""
+    """B slots over one :class:`StaticLlamaForCausalLM` (Llama, Mistral, Qwen2); ``batch_size`` 1 serves one sequence."""
 
-    def __init__(
-        self, module: StaticLlamaForCausalLM, config, *, max_context: int | None = None, source: str = "model",
-        cuda_graphs: bool = True, compile: bool | None = None, graph_backend: GraphBackend | None = None,
-        prefill_graphs: bool = True,
-    ):
+    def __init__(self, module: StaticLlamaForCausalLM, config, batch_size: int = 1, *, max_context: int | None = None,
+                 source: str = "model", compile: bool | None = None, ops: StepOps | None = None,
+                 cuda_graphs: bool = True, graph_backend: GraphBackend | None = None, prefill_graphs: bool = True,
+                 fused_prefill: bool = False):
+        if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
+            raise ValueError(f"batch_size must be an integer >= 1 (slots decoded together), got {batch_size!r}")
         shape = module.shape
         window = shape.sliding_window
         if window is not None and max_context is not None and max_context > window:
@@ -67,35 +49,37 @@ class StaticTarget:
                 f"engine does not implement; it is exact only while the context fits the window, but max_context "
                 f"is {max_context}. Pass max_context <= {window}, or {EAGER_HINT}"
             )
-        self.module = module
-        self.config = config
+        self.module, self.config, self.batch_size = module, config, batch_size
         self.lm_head = module.lm_head
         self.vocab_size = shape.vocab_size
         default = shape.max_position_embeddings if window is None else min(shape.max_position_embeddings, window)
         self.max_context = int(max_context or default)
         param = next(module.parameters())
         self.device, self.dtype = param.device, param.dtype
-        # kind -> Counter(width -> verify calls): one width per kind means one shape per kind
-        self.verify_widths: dict[str, Counter] = {}
+        self.verify_widths: dict[str, Counter] = {}  # kind -> Counter(width -> batched verify calls)
         self._widths: dict[str, int] = {"plain": 1}
-        self._buffers: dict[str, _StepBuffers] = {}
+        self._buffers: dict[tuple[str, int], BatchBuffers] = {}  # (kind, width) -> its static inputs
         self._cache: StaticKVCache | None = None
-        self._pending: tuple[str, int] | None = None  # (kind, nodes) of the verify awaiting commit
-        # each step kind's fixed-width forward is captured once as a CUDA graph and replayed: one launch
-        # instead of ~10 per layer, so a 7B step is bound by its weight reads, not by the host
-        # (engine/graph_capture.py; ``graph_backend`` replaces CUDA's capture, e.g. a test's stand-in on the CPU)
+        self._pending: tuple[str, int, list[int]] | None = None  # (kind, width, nodes per slot, 0 for idle slots)
+        self._last_step: tuple | None = None  # the last verify's (kind, buffers, nodes per slot)
+        self._device_counts: tuple | None = None  # (nodes per slot, the same (B,) on the device) last copied
+        # compiled pointwise stages (and tuned one-row matmuls) by default on CUDA; ``ops`` shares another target's
+        compile = self.device.type == "cuda" if compile is None else bool(compile)
+        self._ops = ops if ops is not None else (
+            compiled_ops(autotune_gemv=self.device.type == "cuda") if compile else EAGER_OPS)
+        self.compiled = self._ops.compiled
+        # one CUDA graph per (kind, width, span) at this B, all in one memory pool; eager on the CPU, with
+        # cuda_graphs=False, or through ``graph_backend`` (a test's stand-in) where one is given
         self._graphs = StepGraphs.for_device(self.device, cuda_graphs, graph_backend)
         self.cuda_graphs = self._graphs.enabled
-        # the prompt's prefill replayed per padded width on CUDA (engine/prefill_graphs.py): eagerly a 7B prefill is
-        # ~1,000 launches (16-25 ms on an H200 whatever the prompt length); its own graphs and pool
+        self.aux_layers: tuple[int, ...] = ()
+        self.prefill_token_budget = DEFAULT_TOKEN_BUDGET  # padded tokens per group-prefill forward (prefill_many)
+        # a group prefill's stages: eager, or fused in compile caches of their own (engine/group_prefill.py)
+        self.fused_prefill = fused_prefill
+        self._prefill_ops = compiled_prefill_ops() if fused_prefill else EAGER_OPS
+        self._fused_prepared = False  # compiled once: later runs' admissions reuse the symbolic stages
+        # one prompt's prefill replayed per padded width on CUDA (engine/prefill_graphs.py); its own graphs and pool
         self.prefill_graphs = CapturedPrefill(module, StepGraphs.for_device(self.device, self.cuda_graphs and prefill_graphs))
-        # A graph replays every kernel the forward launches, and spelled out in eager PyTorch a Llama layer
-        # runs ~25 small ones around its four matmuls: on a 7B step they cost ~40% of the weight reads
-        # (H200, docs/engines.md). compile fuses each pointwise stage into one kernel (static_ops); the
-        # matmuls, attention and cache writes stay as they are, and prefill keeps the eager stages.
-        self.compiled = self.device.type == "cuda" if compile is None else bool(compile)
-        self._ops = compiled_ops(autotune_gemv=self.device.type == "cuda") if self.compiled else EAGER_OPS
-        self.aux_layers: tuple[int, ...] = ()  # set_aux_layers: residual streams to return beside the final ones
 
     @property
     def capture_seconds(self) -> float:
@@ -103,251 +87,287 @@ class StaticTarget:
         return self._graphs.capture_seconds + self.prefill_graphs.graphs.capture_seconds
 
     @property
-    def _captured(self) -> dict:
-        """step kind -> its captured graph (empty when the steps run eagerly)."""
-        return self._graphs.captured
+    def graphs(self) -> StepGraphs:
+        """The step graphs: ``captured`` by (kind, width, span), ``captures`` and ``replays`` per key."""
+        return self._graphs
 
     @classmethod
-    def from_hf_model(
-        cls, model, max_context: int | None = None, *, cuda_graphs: bool = True, compile: bool | None = None,
-        prefill_graphs: bool = True,
-    ) -> "StaticTarget":
-        """Over a transformers ``LlamaForCausalLM`` / ``MistralForCausalLM`` / ``Qwen2ForCausalLM``: its weights are
-        shared, except q/k/v and gate/up, which are fused into new tensors."""
-        shape = LlamaShape.from_config(model.config)
-        param = next(model.parameters())
-        module = StaticLlamaForCausalLM.from_state_dict(
-            shape, model.state_dict(), dtype=param.dtype, device=param.device, source=type(model).__name__
-        )
-        return cls(module, model.config, max_context=max_context, source=type(model).__name__, cuda_graphs=cuda_graphs,
-                   compile=compile, prefill_graphs=prefill_graphs)
+    def from_hf_model(cls, model, max_context: int | None = None, **options) -> "StaticTarget":
+        """Over a transformers Llama / Mistral / Qwen2 causal LM (engine/static_loading.py); ``options`` as __init__."""
+        return cls(module_from_hf_model(model), model.config, max_context=max_context, source=type(model).__name__,
+                   **options)
 
     @classmethod
-    def from_pretrained(
-        cls, ref, *, dtype: torch.dtype = torch.float32, device="cpu", max_context: int | None = None,
-        cuda_graphs: bool = True, compile: bool | None = None, prefill_graphs: bool = True,
-    ) -> "StaticTarget":
+    def from_pretrained(cls, ref, *, dtype: torch.dtype = torch.float32, device="cpu", **options) -> "StaticTarget":
         """Load a checkpoint directory (or any reference ``resolve_model_dir`` accepts) without transformers' model code."""
-        from transformers import AutoConfig
+        module, config, source = module_from_pretrained(ref, dtype=dtype, device=device)
+        return cls(module, config, source=source, **options)
 
-        from specbench.checkpoints.resolve import resolve_model_dir
-        from specbench.checkpoints.validate import check_finite, check_target_dir, read_json_object
-
-        directory = resolve_model_dir(ref)
-        check_target_dir(directory)  # config.json and every weights file whole, one line naming what is not
-        raw = read_json_object(directory / "config.json")
-        if raw.get("model_type") not in SUPPORTED_MODEL_TYPES:  # before transformers, which may not know it either
-            raise UnsupportedModel(
-                f"{directory}: the static engine cannot run model_type {raw.get('model_type')!r}; it supports "
-                f"{', '.join(SUPPORTED_MODEL_TYPES)}; {EAGER_HINT}"
-            )
-        config = AutoConfig.from_pretrained(directory, local_files_only=True, trust_remote_code=False)
-        shape = LlamaShape.from_config(config)
-        module = StaticLlamaForCausalLM.from_state_dict(
-            shape, _read_weights(directory), dtype=dtype, device=torch.device(device), source=str(directory)
-        )
-        check_finite(module.named_parameters(), str(directory), "parameter",
-                     "the weights are corrupt or the model diverged: re-download or re-export it")
-        return cls(module, config, max_context=max_context, source=str(directory), cuda_graphs=cuda_graphs, compile=compile,
-                   prefill_graphs=prefill_graphs)
+    def with_batch_size(self, batch_size: int, **options) -> "StaticTarget":
+        """Another target over this one's module (weights shared, nothing copied) with ``batch_size`` slots, its max
+        context, its compiled stages, aux layers and graph setting unless ``options`` (as __init__) say otherwise."""
+        options = {"cuda_graphs": self.cuda_graphs, **options}
+        other = type(self)(self.module, self.config, batch_size, max_context=self.max_context, ops=self._ops, **options)
+        if self.aux_layers:  # an EAGLE-3 proposer already asked this target for its features
+            other.set_aux_layers(self.aux_layers)
+        return other
 
     def set_aux_layers(self, layers: tuple[int, ...]) -> None:
-        """Also return the residual streams entering ``layers`` (``TargetOutput.aux_hidden_states``); the captured
-        graphs are dropped, since their outputs change."""
+        """Also return the residual streams entering ``layers`` (EAGLE-3's features, ``TargetOutput.aux_hidden_states``)."""
         layers = tuple(int(i) for i in layers)
         bad = [i for i in layers if not 0 <= i < self.module.shape.num_layers]
         if bad:
             raise ValueError(f"aux layers {bad} out of range: the target has {self.module.shape.num_layers} layers")
         self.aux_layers = layers
-        self._graphs.drop()
+        self._graphs.drop()  # their outputs change
         self.prefill_graphs.drop()
+        for buffers in self._buffers.values():
+            buffers.outputs = None  # the aux output's width changed
 
     # -- cache ---------------------------------------------------------------------------------------
 
     @property
-    def cache_length(self) -> int:
-        if self._cache is None:
-            return 0
-        return self._cache.host_length + (self._pending[1] if self._pending else 0)
-
-    @property
     def cache_capacity(self) -> int:
-        """KV cache slots allocated (0 before the first request); each capacity is one attention shape."""
         return 0 if self._cache is None else self._cache.capacity
 
+    def cache_length(self, slot: int) -> int:
+        return 0 if self._cache is None else self._cache.host_lengths[slot]
+
     def reserve(self, num_tokens: int, max_draft_tokens: int = 0) -> None:
-        """Size the hot path for requests of ``num_tokens`` cache entries (prompt + max_new_tokens + draft
-        room) whose steps verify up to ``max_draft_tokens`` draft nodes. The cache grows, never shrinks
-        (each size is a new shape); chain and tree steps take width ``max_draft_tokens + 1`` from now on."""
+        """Size every slot for ``num_tokens`` cache entries and steps of up to ``max_draft_tokens`` draft nodes.
+        Checks the memory first (an error naming bytes needed and free); a larger size drops every slot's cache."""
         if num_tokens > self.max_context:
             raise ValueError(
                 f"context length exceeded: {num_tokens} tokens requested > the target's max context {self.max_context}"
             )
         if self._cache is None or self._cache.capacity < num_tokens:
-            self._allocate(num_tokens)
-        if max_draft_tokens > 0:  # plain requests (room 0) leave the draft kinds' widths alone
+            s = self.module.shape
+            check_cache_fits(self.batch_size, s.num_layers, s.num_kv_heads, num_tokens, s.head_dim, self.dtype, self.device)
+            self._graphs.drop()  # graphs read the old cache's addresses
+            self._cache = None  # free the old cache before allocating its successor
+            self._cache = StaticKVCache(self.batch_size, s.num_layers, s.num_kv_heads, num_tokens, s.head_dim,
+                                         dtype=self.dtype, device=self.device)
+            self._pending = None
+        if max_draft_tokens > 0:
             self._widths["chain"] = self._widths["tree"] = max_draft_tokens + 1
 
     def prepare_prefills(self, lengths) -> None:
-        """Capture the prefill graphs prompts of these ``lengths`` will replay (CUDA graphs on), before anything is
-        timed (the decode loop calls it after ``reserve``); a no-op without graphs or once captured."""
+        """Capture the one-prompt prefill graphs prompts of these ``lengths`` will replay (CUDA graphs on) and compile
+        a fused group prefill (the first time), before anything is timed; a no-op without either, or once done."""
         if self._cache is None:
-            raise ValueError("prepare_prefills before reserve(): size the KV cache first")
-        self.prefill_graphs.prepare(lengths, self._cache.kv, self.aux_layers)
+            raise ValueError("prepare_prefills before reserve(): size the batched cache first")
+        self.prefill_graphs.prepare(lengths, self._cache.slot_view(0), self.aux_layers)
+        if not self._fused_prepared:
+            self._fused_prepared = prepare_fused(self.module, self._cache, self._prefill_ops, lengths,
+                                                 self.prefill_token_budget, self.aux_layers)
 
     @torch.inference_mode()
-    def prepare_steps(self) -> None:
-        """Capture the step graph of each kind that is sized (plain always; chain and tree once ``reserve`` gave
-        draft room) before anything is timed (graphs on; a no-op without them or once captured): a kind a short
-        warm-up never stepped would otherwise be captured inside a timed request. A capture's forward writes only
-        beyond the committed entries, where every verify writes; kinds without room there are left to capture at
-        their first step."""
-        if self._cache is None:
-            raise ValueError("prepare_steps before reserve(): size the KV cache first")
-        if not self._graphs.enabled or self._pending is not None:
-            return  # nothing to capture; or a verify awaits its commit (the next prefill resets it): steps capture lazily
-        for kind in ("plain", "chain", "tree"):
-            width = self._widths.get(kind, 0)
-            if not width or self._cache.host_length + width > self._cache.capacity:
-                continue  # not sized, or no room now (its first step captures it, as without preparing)
-            self._width_for(kind, width)
-            step = self._graphs.captured.get(kind)
-            if step is None or step.inputs is not self._buffers[kind]:
-                self._step(kind, self._buffers[kind])
+    def release(self, slot: int) -> None:
+        """Free a finished slot: its length returns to 0, so its idle padding stays inside the cache."""
+        self._cache.reset_slot(slot)
 
-    def _allocate(self, capacity: int) -> None:
-        s = self.module.shape
-        self._graphs.drop()  # graphs read the old cache's addresses
-        self._cache = None  # free the old cache before allocating its successor
-        self._cache = StaticKVCache(s.num_layers, s.num_kv_heads, capacity, s.head_dim, dtype=self.dtype, device=self.device)
-        self._pending = None
-
-    def reset(self) -> None:
-        if self._cache is None:
-            self._allocate(min(self.max_context, DEFAULT_CACHE_SLOTS))
-        self._cache.reset()
-        self._pending = None
+    @torch.inference_mode()
+    def truncate(self, lengths: dict[int, int]) -> None:
+        """Drop committed entries beyond ``lengths[slot]`` in each given slot (a draft model's rejected tokens), in
+        one host-to-device copy of every slot's length; the other slots keep theirs."""
+        if self._pending is not None:
+            raise ValueError("truncate between a verify and its commit; call commit() first")
+        new = list(self._cache.host_lengths)
+        for slot, length in lengths.items():
+            if not 0 < length <= new[slot]:
+                raise ValueError(f"truncate slot {slot} to {length}: needs a committed cache of at least that many "
+                                 f"tokens (holds {new[slot]})")
+            new[slot] = length
+        self._cache.lengths.copy_(host_to_device(new, self.device))  # (B,)
+        self._cache.host_lengths = new
 
     # -- forwards ------------------------------------------------------------------------------------
 
     @torch.inference_mode()
-    def prefill(self, input_ids: torch.Tensor) -> TargetOutput:
-        self.reset()
-        ids = input_ids.to(self.device).flatten()  # (T,)
+    def prefill(self, slot: int, input_ids: torch.Tensor) -> TargetOutput:
+        """Run a prompt ``(T,)`` into slot ``slot`` alone (the others are untouched)."""
+        ids = self._prefill_ids(input_ids)  # (T,)
         length = ids.numel()
-        if length == 0:
-            raise ValueError("prefill needs at least one prompt token")
-        if length > self._cache.capacity:
-            raise ValueError(
-                f"context length exceeded: the prompt has {length} tokens > the static KV cache's "
-                f"{self._cache.capacity} slots (max context {self.max_context}); call reserve() or shorten the prompt"
-            )
-        out = self.prefill_graphs.prefill(ids, self._cache.kv, self.aux_layers)  # graph or eager
-        self._cache.advance(length)
+        self._cache.reset_slot(slot)
+        out = self.prefill_graphs.prefill(ids, self._cache.slot_view(slot), self.aux_layers)  # graph or eager
+        self._cache.advance_slot(slot, length)
         return out
 
     @torch.inference_mode()
-    def verify(self, input_ids: torch.Tensor, depths: torch.Tensor, tree_mask: torch.Tensor | None) -> TargetOutput:
-        if self._cache is None or self._cache.host_length == 0:
-            raise ValueError("verify needs a prefilled cache; call prefill(prompt) first")
+    def prefill_many(self, slots: list[int], prompts: list[torch.Tensor]) -> list[TargetOutput]:
+        """Prefill ``prompts[i]`` ``(T_i,)`` into ``slots[i]`` (distinct), the others untouched: one forward per group
+        of at most ``prefill_token_budget`` padded tokens (engine/group_prefill.py); one prompt goes through
+        :meth:`prefill`. Outputs in the order given, as :meth:`prefill` returns them."""
+        if len(slots) != len(prompts) or len(set(slots)) != len(slots):
+            raise ValueError(f"prefill_many takes distinct slots, one per prompt; got slots {slots} for "
+                             f"{len(prompts)} prompts")
+        ids = [self._prefill_ids(p) for p in prompts]
+        outputs: list[TargetOutput] = []
+        for group in split_group([x.numel() for x in ids], self.prefill_token_budget):
+            if len(group) == 1:  # alone (the whole admission, or what a split left): its prefill graph
+                outputs.append(self.prefill(slots[group[0]], ids[group[0]]))
+            else:
+                outputs += prefill_group(self.module, self._cache, [slots[i] for i in group], [ids[i] for i in group],
+                                         self.aux_layers, self._prefill_ops)
+        return outputs
+
+    def _prefill_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """A prompt ``(T,)`` on the device, checked against the cache (reserved, no verify pending, room for T)."""
+        if self._cache is None:
+            raise ValueError("prefill before reserve(): size the batched cache first")
+        if self._pending is not None:
+            raise ValueError("prefill between a verify and its commit; call commit() first")
+        ids = input_ids.to(self.device).flatten()  # (T,)
+        if not 0 < ids.numel() <= self._cache.capacity:
+            raise ValueError(f"a prompt of {ids.numel()} tokens does not fit a slot of {self._cache.capacity} cache "
+                             "entries (at least one token is needed); reserve() more room or shorten the prompt")
+        return ids
+
+    @torch.inference_mode()
+    def verify(self, inputs: list[SlotInput | None]) -> TargetOutput:
+        """Score every slot's verify input in one forward; ``inputs[b]`` None marks an idle slot. Returns logits
+        ``(B, W, V)``, hidden states ``(B, W, H)`` (and aux ``(B, W, A * H)``); row b's first N_b nodes are real."""
+        if self._cache is None:
+            raise ValueError("verify before reserve() and prefill(); size the cache and prefill a slot first")
         if self._pending is not None:
             raise ValueError("the previous verify was never committed; call commit() after each verify")
-        n = input_ids.numel()
-        kind = "tree" if tree_mask is not None else ("plain" if n == 1 else "chain")
-        width = self._width_for(kind, n)
-        cached = self._cache.host_length
-        if cached + width > self._cache.capacity:
-            raise ValueError(
-                f"context length exceeded: {cached} cached tokens + a {kind} step of {n} nodes (padded to its "
-                f"fixed width {width}) = {cached + width} > the static KV cache's {self._cache.capacity} slots "
-                f"(max context {self.max_context}); lower max_new_tokens or reserve() more room"
-            )
-        buffers = self._buffers[kind]
-        buffers.ids[n:].zero_()
-        buffers.ids[:n].copy_(input_ids.flatten())
-        if depths is not buffers.depths_source:  # a chain's are shared by every chain of its length (Draft.chain)
-            buffers.depths[n:].zero_()
-            buffers.depths[:n].copy_(tensor_to_device(depths.flatten(), self.device))  # a host-held draft's: no sync
-            buffers.depths_source = depths
-        if kind == "tree" and tree_mask is not buffers.tree_source:
-            buffers.tree.zero_().diagonal().fill_(True)  # padded rows: themselves only
-            buffers.tree[:n, :n].copy_(tensor_to_device(tree_mask, self.device))
-            buffers.tree_source = tree_mask
-        logits, hidden, aux = self._step(kind, buffers)  # (W, V), (W, H), (W, A * H) or None
-        self._pending = (kind, n)
+        if len(inputs) != self.batch_size:
+            raise ValueError(f"verify takes one entry per slot ({self.batch_size}), got {len(inputs)}")
+        kind = step_kind(inputs)
+        counts = [0 if x is None else len(x) for x in inputs]
+        width = self._width_for(kind, max(counts))
+        self._check_room(kind, counts, width)
+        buffers = fill_buffers(self._buffers[(kind, width)], kind, inputs, self.device)
+        # attend over the longest slot's entries, rounded up to its span, not the whole cache (docs/batching.md)
+        span = attention_span(max(self._cache.host_lengths) + width, self._cache.capacity)
+        logits, hidden, aux = self._run(kind, width, span, buffers)  # (B * W, V), (B * W, H), (B * W, A * H) or None
+        self._pending = (kind, width, counts)
+        self._last_step = (kind, buffers, counts)
         self.verify_widths.setdefault(kind, Counter())[width] += 1
-        copied = kind in self._graphs  # the next replay overwrites the graph's outputs: hand out copies
-        out = [None if t is None else (t[:n].clone() if copied else t[:n]) for t in (logits, hidden, aux)]
+        copied = self._graphs.enabled  # the next replay overwrites the graph's outputs: hand out copies
+        batch = self.batch_size
+        out = [None if t is None else (t.clone() if copied else t).view(batch, width, -1) for t in (logits, hidden, aux)]
         return TargetOutput(logits=out[0], hidden_states=out[1], aux_hidden_states=out[2])
 
+    def _run(self, kind: str, width: int, span: int, buffers: BatchBuffers) -> tuple:
+        """The (kind, width) step over the first ``span`` cache entries: its graph of key (kind, width, span) replayed
+        (captured first when new), or the forward eagerly without graphs. Every span's graph writes the same outputs."""
+        if self._graphs.enabled and buffers.outputs is None:
+            rows, s = self.batch_size * width, self.module.shape
+            buffers.outputs = (torch.empty(rows, self.vocab_size, dtype=torch.float32, device=self.device),
+                               torch.empty(rows, s.hidden_size, dtype=self.dtype, device=self.device),
+                               torch.empty(rows, len(self.aux_layers) * s.hidden_size, dtype=self.dtype, device=self.device)
+                               if self.aux_layers else None)
+        return self._graphs.run((kind, width, span), buffers, partial(self._forward, span=span))
+
+    def _forward(self, buffers: BatchBuffers, span: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """One fixed-shape batched verify forward over the static buffers and the first ``span`` entries of the cache:
+        the region a CUDA graph captures (device ops only: no host reads, no host-to-device copies, no branching on
+        tensor values). With graphs its outputs are copied into the (kind, width)'s shared output buffers."""
+        cache = self._cache
+        width = buffers.ids.shape[1]
+        positions = cache.lengths[:, None] + buffers.depths  # (B, W)
+        mask = cache.attention_mask(buffers.tree, span)  # (B, W, K) K = span
+        hidden, aux = self.module(buffers.ids.flatten(), positions.flatten(), cache.new_slots(width), mask, cache.kv,
+                                  self._ops, aux_layers=self.aux_layers)  # (B * W, H), (B * W, A * H) or None
+        out = (self.module.logits(hidden, self._ops), hidden, aux)  # (B * W, V), (B * W, H), (B * W, A * H) or None
+        if buffers.outputs is None:
+            return out
+        for shared, value in zip(buffers.outputs, out):
+            if shared is not None:
+                shared.copy_(value)
+        return buffers.outputs
+
+    @torch.inference_mode()
+    def prepare_steps(self, shortest: int = 1, kinds: tuple[str, ...] = ("plain", "chain", "tree")) -> None:
+        """Capture every step graph a run can replay, before anything is timed (CUDA graphs on; a no-op without them
+        or for keys already captured): each of ``kinds``' width (plain, and chain and tree once reserved) at every
+        attention span from a slot of ``shortest`` entries (the shortest prompt) up to the whole cache. A capture's
+        forward writes only beyond each slot's committed entries, where every verify writes."""
+        if self._cache is None:
+            raise ValueError("prepare_steps before reserve(): size the batched cache first")
+        if self._pending is not None:
+            raise ValueError("prepare_steps between a verify and its commit; call commit() first")
+        if not self._graphs.enabled:
+            return
+        capacity = self._cache.capacity
+        for kind, width in sorted((k, w) for k, w in self._widths.items() if k in kinds):
+            if max(self._cache.host_lengths) + width > capacity:
+                raise ValueError(f"prepare_steps needs {width} free entries beyond every slot's committed ones "
+                                 f"({max(self._cache.host_lengths)} of {capacity} used); call it between runs")
+            self._width_for(kind, width)  # its buffers
+            buffers = self._buffers[(kind, width)]
+            for span in attention_spans(shortest + width, capacity):
+                if (kind, width, span) not in self._graphs:
+                    self._run(kind, width, span, buffers)
+
+    def verified_ids(self) -> torch.Tensor:
+        """(B, W) on the device: the last verify's input ids (row b's first N_b are ``[root, *draft]``), valid until
+        the next verify; greedy verification reads them there instead of copying each slot's ids to the device."""
+        return self.verified_step().ids
+
+    def verified_step(self) -> VerifiedStep:
+        """The last verify's ids, ancestor masks, node counts and depths on the device (the counts in one async copy)."""
+        if self._last_step is None:
+            raise ValueError("verified_step before any verify")
+        kind, buffers, counts = self._last_step
+        if self._device_counts is None or self._device_counts[0] != counts:  # steady steps: the same counts
+            self._device_counts = (counts, host_to_device(counts, self.device))  # (B,)
+        return VerifiedStep(buffers.ids, buffers.tree, self._device_counts[1], buffers.depths, chain=kind != "tree")
+
     def _width_for(self, kind: str, n: int) -> int:
-        """The kind's fixed width: reserved, or set by its first step; a wider step widens it (and
-        ``verify_widths`` shows the second shape)."""
+        """The kind's fixed width: reserved, or set by its first step; a wider step widens it (a second shape)."""
         width = self._widths.get(kind, 0)
         if n > width:
             width = self._widths[kind] = n
-        if kind not in self._buffers or self._buffers[kind].ids.numel() != width:
-            self._buffers[kind] = _StepBuffers.allocate(width, self.device)
+        if (kind, width) not in self._buffers:
+            self._buffers[(kind, width)] = BatchBuffers.allocate(self.batch_size, width, self.device)
         return width
 
-    def _step(self, kind: str, buffers: _StepBuffers) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """The kind's verify forward: a graph replay when graphs are on (captured at the kind's first step, and
-        again when the kind's buffers were reallocated)."""
-        return self._graphs.run(kind, buffers, self._forward)
-
-    def _forward(self, buffers: _StepBuffers) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """One fixed-shape verify forward over the static buffers: the region a CUDA graph captures."""
-        cache = self._cache
-        width = buffers.ids.numel()
-        positions = cache.length + buffers.depths  # (W,)
-        mask = cache.attention_mask(buffers.tree)  # (W, S)
-        hidden, aux = self.module(buffers.ids, positions, cache.new_slots(width), mask, cache.kv, self._ops,
-                                  aux_layers=self.aux_layers)  # (W, H), (W, A * H) or None
-        return self.module.logits(hidden, self._ops), hidden, aux  # (W, V), (W, H), (W, A * H)
+    def _check_room(self, kind: str, counts: list[int], width: int) -> None:
+        capacity = self._cache.capacity
+        for slot, (n, cached) in enumerate(zip(counts, self._cache.host_lengths)):
+            if cached + width > capacity:
+                raise ValueError(
+                    f"context length exceeded in slot {slot}: {cached} cached tokens + a {kind} step of {n} nodes "
+                    f"(padded to its fixed width {width}) = {cached + width} > the slot's {capacity} cache entries; "
+                    "lower max_new_tokens or reserve() more room"
+                )
 
     @torch.inference_mode()
-    def commit(self, accepted_nodes: list[int], num_verified: int) -> None:
+    def commit(self, accepted: list[list[int] | None]) -> None:
+        """Keep each slot's ``accepted[b]`` nodes (ascending, root first; None for an idle slot) contiguously after
+        its committed entries: a chain path advances the slot's length, any other path is gathered first."""
         if self._pending is None:
             raise ValueError("commit without a verify to commit")
-        kind, n = self._pending
-        if num_verified != n:
-            raise ValueError(f"commit of {num_verified} verified nodes, but the last verify scored {n}")
-        kept = len(accepted_nodes)
-        if not 1 <= kept <= n or accepted_nodes != sorted(set(accepted_nodes)) or accepted_nodes[-1] >= n:
-            raise ValueError(f"accepted_nodes must be ascending distinct indices below {n}, root first; got {accepted_nodes}")
-        if accepted_nodes != list(range(kept)):  # a chain's path is already contiguous: only the length moves
-            buffers = self._buffers[kind]
-            width = buffers.gather.numel()
-            padded = accepted_nodes + list(range(kept, width))  # the identity beyond the path: fixed size W
-            buffers.gather.copy_(host_to_device(padded, buffers.gather.device))  # no stream sync
-            self._cache.gather_new(buffers.gather)
-        self._cache.advance(kept)
-        self._pending = None
+        kind, width, counts = self._pending
+        if len(accepted) != self.batch_size:
+            raise ValueError(f"commit takes one entry per slot ({self.batch_size}), got {len(accepted)}")
+        kept = []
+        for slot, (path, n) in enumerate(zip(accepted, counts)):
+            if (path is None) != (n == 0):
+                raise ValueError(f"slot {slot}: commit {path} after a verify of {n} nodes (None is for idle slots)")
+            if path is not None and (path != sorted(set(path)) or not path or path[0] != 0 or path[-1] >= n):
+                raise ValueError(f"slot {slot}: accepted nodes must be ascending distinct indices below {n}, root first; "
+                                 f"got {path}")
+            kept.append(0 if path is None else len(path))
+        moved = any(path is not None and path != list(range(len(path))) for path in accepted)
+        source = None
+        if moved:
+            rows = [list(range(width)) if p is None else p + list(range(len(p), width)) for p in accepted]
+            source = host_to_device(rows, self.device)  # (B, W) the identity beyond each path
+        self.commit_accepted(host_to_device(kept, self.device), source, lambda: kept)
 
     @torch.inference_mode()
-    def truncate(self, length: int) -> None:
-        """Drop committed cache entries beyond ``length`` (benchmarks re-verify from one cache state)."""
-        if self._pending is not None or not 0 < length <= self.cache_length:
-            raise ValueError(f"truncate to {length}: needs a committed cache of at least that many tokens (holds {self.cache_length})")
-        self._cache.length.fill_(length)
-        self._cache.host_length = length
-
-
-def _read_weights(directory: Path) -> dict[str, torch.Tensor]:
-    """Every tensor of a checkpoint directory: safetensors (single or sharded) or torch pickles (weights_only)."""
-    from specbench.checkpoints.tensor_files import CheckpointError, open_tensor_file, shard_map, torch_load_state_dict
-
-    for name in ("model.safetensors.index.json", "model.safetensors", "pytorch_model.bin"):
-        if (directory / name).is_file():
-            keys, read = open_tensor_file(directory / name)
-            return read(keys)
-    index = directory / "pytorch_model.bin.index.json"
-    if index.is_file():
-        state: dict[str, torch.Tensor] = {}
-        for shard in sorted(set(shard_map(index, ".bin").values())):
-            state.update(torch_load_state_dict(directory / shard))
-        return state
-    raise CheckpointError(
-        f"{directory}: no weights found (model.safetensors, model.safetensors.index.json, pytorch_model.bin "
-        "or pytorch_model.bin.index.json)"
-    )
+    def commit_accepted(self, kept: torch.Tensor, source: torch.Tensor | None, host_kept) -> None:
+        """Commit from device tensors, nothing read back: ``kept`` ``(B,)`` nodes per slot (0 idle), ``source``
+        ``(B, P)`` each slot's accepted nodes ascending then the identity (None: every path is a prefix, nothing
+        moves; P >= the longest path). The device work is queued first, then ``host_kept()`` (the host's list of
+        ``kept``, e.g. the step's readback) advances the host mirror of the lengths."""
+        if self._pending is None:
+            raise ValueError("commit without a verify to commit")
+        if source is not None:
+            self._cache.gather_new(source)  # (B, P)
+        self._cache.advance_device(kept)
+        self._cache.mirror_advance(host_kept())
+        self._pending = None

@@ -6,7 +6,7 @@ plus a draft of the case's proposer (width K + 1 for a chain, nodes + 1 for a tr
 ``propose`` call. Each is timed with the device synchronised before and after, on a freshly prefilled
 prompt, ``reps`` times after ``warmup`` untimed calls; the medians are kept. Ratios of the three do not
 depend on how fast the host is, which is why they are gated tightly where absolute timings are not.
-``measure_batched_step_costs`` times the same three at batch size B, every slot active (docs/batching.md).
+At batch size B each covers every slot, all active (docs/batching.md).
 """
 
 from __future__ import annotations
@@ -17,11 +17,10 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from specbench.engine.batched_proposers import BatchedProposer
-from specbench.engine.batched_inputs import SlotInput, slot_input
-from specbench.engine.batched_target import BatchedStaticTarget
+from specbench.engine.slot_proposer import SlotProposer
+from specbench.engine.step_inputs import SlotInput, slot_input
 from specbench.engine.draft import Draft
-from specbench.engine.proposer import Proposer, ProposerState
+from specbench.engine.proposer import ProposerState
 from specbench.engine.target import Target
 
 DEFAULT_REPS = 10
@@ -30,13 +29,14 @@ DEFAULT_WARMUP = 2
 
 @dataclass
 class StepCosts:
-    """Median seconds of one plain verify, one verify with the draft, and one ``propose``."""
+    """Median seconds of one plain verify, one verify with the draft, and one ``propose``, at batch size B."""
 
     t1_s: float
     verify_s: float
     draft_s: float
-    verify_width: int  # nodes the draft verify scored (root included)
+    verify_width: int  # nodes the draft verify scored per slot (root included)
     reps: int
+    batch_size: int = 1  # slots each verify and propose covered
 
     @property
     def verify_cost_ratio(self) -> float:
@@ -75,74 +75,14 @@ def _timed(device: torch.device, fn) -> tuple[float, object]:
 
 
 @torch.inference_mode()
-def measure_step_costs(target: Target, proposer: Proposer | None, prompt_ids, *, reps: int = DEFAULT_REPS,
-                       warmup: int = DEFAULT_WARMUP) -> StepCosts:
-    """Time T(1), the verify of ``proposer``'s first draft after ``prompt_ids`` and that ``propose`` call.
-
-    Without a proposer the draft verify is the plain one and the draft cost 0; a proposer that drafts nothing
-    there is charged its ``propose`` time and the verify of a chain of its ``max_draft_tokens``.
-    """
-    _check_reps(reps, warmup)
-    device = target.device
-    prompt = torch.as_tensor(prompt_ids, dtype=torch.long).flatten()  # (T,)
-    prefill = target.prefill(prompt)
-    root = prefill.logits[-1].argmax().reshape(1).to(device)  # (1,) the first output token
-    tokens = torch.cat([prompt.to(device), root])  # (T + 1,)
-    features = prefill.aux_hidden_states if prefill.aux_hidden_states is not None else prefill.hidden_states  # (T, F)
-    state = ProposerState(token_ids=tokens, hidden_state=prefill.hidden_states[-1], hidden_states=features)
-
-    draft, draft_times = None, []
-    if proposer is not None:
-        proposer.begin_request(prompt.to(device))
-        for i in range(warmup + reps):
-            seconds, draft = _timed(device, lambda: proposer.propose(state))
-            if i >= warmup:
-                draft_times.append(seconds)
-    if not draft_times:
-        draft_times = [0.0]  # no proposer: plain decoding drafts nothing
-    if (draft is None or not len(draft)) and proposer is not None and proposer.max_draft_tokens > 0:
-        # nothing drafted at this prompt (an n-gram without a match): verify a full-width chain instead,
-        # the step the model charges every speculative step with; its cost does not depend on the tokens
-        draft = Draft.chain(root.cpu().repeat(proposer.max_draft_tokens))
-    draft = draft if draft is not None else Draft.chain(torch.empty(0, dtype=torch.long))
-
-    def verify_times(step: Draft) -> list[float]:
-        ids = torch.cat([root, step.tokens.to(device)])  # (N + 1,) root first
-        mask = None if step.is_chain else step.tree_mask()
-        depths = step.depths()
-        times = []
-        for i in range(warmup + reps):
-            target.prefill(prompt)  # every timed verify starts from the same cache state
-            seconds, _ = _timed(device, lambda: target.verify(ids, depths, mask))
-            target.commit([0], num_verified=ids.numel())
-            if i >= warmup:
-                times.append(seconds)
-        return times
-
-    t1 = statistics.median(verify_times(Draft.chain(torch.empty(0, dtype=torch.long))))
-    verify = statistics.median(verify_times(draft)) if len(draft) else t1
-    return StepCosts(t1_s=t1, verify_s=verify, draft_s=statistics.median(draft_times), verify_width=len(draft) + 1, reps=reps)
-
-
-# ---- at batch size B -----------------------------------------------------------------------------------
-
-
-@dataclass
-class BatchedStepCosts(StepCosts):
-    """StepCosts at batch size B: each verify and ``propose`` call covers all B slots at once."""
-
-    batch_size: int = 1
-
-
-@torch.inference_mode()
-def measure_batched_step_costs(target: BatchedStaticTarget, proposer: BatchedProposer | None, prompts, *,
-                               reps: int = DEFAULT_REPS, warmup: int = DEFAULT_WARMUP) -> BatchedStepCosts:
+def measure_step_costs(target: Target, proposer: SlotProposer | None, prompts, *,
+                               reps: int = DEFAULT_REPS, warmup: int = DEFAULT_WARMUP) -> StepCosts:
     """T(1) and T(W) at B = ``target.batch_size`` with every slot active, and one batched ``propose`` over B slots.
 
     Slot b is prefilled with ``prompts[b % len(prompts)]`` (token ids); T(1) is the plain step (width 1 per slot),
     T(W) the verify of each slot's root plus its draft from ``proposer``'s last timed ``propose`` (W: the step's
     fixed per-slot width, K + 1 for a chain, nodes + 1 for a tree; a slot that drafted nothing is charged a chain
-    of ``max_draft_tokens``, as measure_step_costs does). Needs a reserved target with idle slots (between runs);
+    of ``max_draft_tokens``, the step every speculative step is charged with). Needs a reserved target with idle slots (between runs);
     after each timed verify the slots keep the root alone and are truncated back to their prompts, so every timed
     step starts from the same cache state, and every slot is released at the end (the proposer's slots are
     begun anew by the next run's admissions)."""
@@ -201,5 +141,5 @@ def measure_batched_step_costs(target: BatchedStaticTarget, proposer: BatchedPro
         verify = statistics.median(times)
     for b in range(batch):
         target.release(b)
-    return BatchedStepCosts(t1_s=t1, verify_s=verify, draft_s=statistics.median(draft_times) if draft_times else 0.0,
+    return StepCosts(t1_s=t1, verify_s=verify, draft_s=statistics.median(draft_times) if draft_times else 0.0,
                             verify_width=width, reps=reps, batch_size=batch)

@@ -6,7 +6,7 @@ from typing import Callable
 
 import torch
 
-from specbench.engine.batched_proposers import BatchedProposer, PerSlotProposer
+from specbench.engine.slot_proposer import SlotProposer, PerSlotProposer
 from specbench.engine.draft import Draft
 from specbench.engine.proposer import Proposer, ProposerState
 from specbench.proposers.batched_draft import BatchedDraftModelProposer, PerSlotDraftModelProposer
@@ -17,7 +17,7 @@ from specbench.proposers.medusa import MedusaProposer
 from specbench.proposers.ngram import NgramProposer
 
 
-class BatchedMedusaProposer(BatchedProposer):
+class BatchedMedusaProposer(SlotProposer):
     """A :class:`~specbench.proposers.medusa.MedusaProposer`'s heads run once over the ``(n, H)`` last hidden
     states of the n active slots, and every slot's draft tokens are picked from them in one op: the chain's
     top-1 per head, or the tree's top-k candidates. All slots share the draft's shape (parents, depths, mask),
@@ -82,6 +82,8 @@ def for_batch(proposer: Proposer | None, batch_size: int, factory: Callable[[], 
         settings = proposer.describe()
         factory = lambda: NgramProposer(settings["num_speculative_tokens"], settings["min_n"], settings["max_n"],  # noqa: E731
                                         settings["match"])
+    if factory is None and batch_size == 1:  # one slot: the proposer itself keeps its one request's state
+        return PerSlotProposer([proposer])
     if factory is None:
         raise ValueError(f"proposer {type(proposer).__name__} keeps per-request state and has no batched form: pass "
                          "factory= (a callable building one per slot) to run it per slot")

@@ -6,18 +6,17 @@ from __future__ import annotations
 import torch
 
 from specbench.engine.transfers import host_to_device
-from specbench.engine.batched_proposers import BatchedProposer, PerSlotProposer
-from specbench.engine.batched_inputs import SlotInput
-from specbench.engine.batched_target import BatchedStaticTarget
+from specbench.engine.slot_proposer import SlotProposer, PerSlotProposer
+from specbench.engine.step_inputs import SlotInput
 from specbench.engine.draft import Draft
 from specbench.engine.proposer import ProposerState
 from specbench.engine.static_target import StaticTarget
 from specbench.proposers.draft_model import DraftModelProposer
 
 
-class BatchedDraftModelProposer(BatchedProposer):
+class BatchedDraftModelProposer(SlotProposer):
     """A greedy :class:`~specbench.proposers.draft_model.DraftModelProposer` for B slots: its draft model as one
-    :class:`BatchedStaticTarget` (the draft's weights shared, its own ``(layers, 2, B, ...)`` cache), so a propose
+    :class:`StaticTarget` (the draft's weights shared, its own ``(layers, 2, B, ...)`` cache), so a propose
     call runs K batched draft forwards whatever B: one ragged catch-up step, then K - 1 single-token steps.
 
     Each slot follows the single-sequence proposer's rule (draft_model.py): the K - 1 tokens it fed last time
@@ -28,7 +27,7 @@ class BatchedDraftModelProposer(BatchedProposer):
     lengths alone, nothing is read back. A new request (or a shorter history) is prefilled into its slot alone.
     Draft tokens are argmaxes on the device; each slot's draft is a device-held ``(K,)`` chain."""
 
-    def __init__(self, draft: BatchedStaticTarget, *, num_speculative_tokens: int, source: str = "",
+    def __init__(self, draft: StaticTarget, *, num_speculative_tokens: int, source: str = "",
                  settings: dict | None = None):
         if not isinstance(num_speculative_tokens, int) or num_speculative_tokens < 1:
             raise ValueError(f"num_speculative_tokens (K) must be an integer >= 1, got {num_speculative_tokens!r}")
@@ -48,7 +47,7 @@ class BatchedDraftModelProposer(BatchedProposer):
         if proposer.temperature > 0 or not isinstance(proposer.draft, StaticTarget):
             return None
         # its prefills stay eager: they happen inside timed steps, at lengths known only then (docs/batching.md)
-        target = BatchedStaticTarget.from_static_target(proposer.draft, batch_size, prefill_graphs=False)
+        target = proposer.draft.with_batch_size(batch_size, prefill_graphs=False)
         return cls(target, num_speculative_tokens=proposer.k, source=proposer.source, settings=proposer.describe())
 
     @property

@@ -7,8 +7,8 @@ import torch
 
 from specbench.eagle.draft_head import BatchedDraftKVCache
 from specbench.eagle.eagle3 import Eagle3Head
-from specbench.engine.batched_proposers import BatchedProposer
-from specbench.engine.batched_inputs import scatter_rows
+from specbench.engine.slot_proposer import SlotProposer
+from specbench.engine.step_inputs import scatter_rows
 from specbench.engine.draft import Draft, ancestor_mask
 from specbench.engine.proposer import ProposerState
 from specbench.engine.transfers import host_to_device
@@ -27,7 +27,7 @@ def batched_mask(visible: torch.Tensor, block: torch.Tensor, keys: int) -> torch
     return (rel < 0)[:, None, :] | (inside[:, None, :] & picked)  # (B, W, K)
 
 
-class BatchedEagleProposer(BatchedProposer):
+class BatchedEagleProposer(SlotProposer):
     """An :class:`~specbench.proposers.eagle.EagleProposer` (EAGLE-1/2 or EAGLE-3 head, any of its three modes) for B
     slots: the head's weights shared, its own ``(2, B, KVH, S, D)`` draft cache with host-known per-slot lengths.
     A propose call runs one ragged catch-up forward over every slot (each slot's newly accepted positions, padded

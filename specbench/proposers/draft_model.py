@@ -1,6 +1,6 @@
 """Draft-model proposer: a small causal LM with the target's vocabulary drafts K tokens autoregressively.
 
-The draft model runs as a :class:`~specbench.engine.target.Target` of its own, on the engine the target
+The draft model runs as a one-slot :class:`~specbench.engine.target.Target` of its own, on the engine the target
 uses (``HFTarget`` beside an eager target, ``StaticTarget`` beside a static one, so its steps are
 graph-captured too), with its own KV cache. Each ``propose`` first catches that cache up with the
 history: the tokens it fed last time beyond the last committed position are kept as far as the
@@ -17,6 +17,7 @@ import torch
 from specbench.compile_watch import capture_seconds
 from specbench.engine.draft import Draft
 from specbench.engine.proposer import Proposer, ProposerState
+from specbench.engine.step_inputs import SlotInput
 from specbench.proposers.registry import register_proposer
 
 
@@ -96,17 +97,17 @@ class DraftModelProposer(Proposer):
         """Bring the draft cache to the history ``tokens`` (L,); returns the logits (V,) after its last token."""
         length = tokens.numel()
         if self._anchor == 0 or self._anchor > length:  # a new request (or a shorter history): start over
-            out = self.draft.prefill(tokens)
+            out = self.draft.prefill(0, tokens)
             self._anchor, self._fed_beyond = length, []
             return out.logits[-1]
         tail = tokens[self._anchor:].tolist()  # what the target emitted since the last propose (a few tokens)
         keep = min(self._anchor + _common_prefix(self._fed_beyond, tail), length - 1)  # always re-feed the last
-        self.draft.truncate(keep)
+        self.draft.truncate({0: keep})
         new = tokens[keep:]  # (n,) n >= 1
-        out = self.draft.verify(new, torch.arange(new.numel()), None)
-        self.draft.commit(list(range(new.numel())), num_verified=new.numel())
+        out = self.draft.verify([SlotInput(new, list(range(new.numel())))])  # logits (1, n, V)
+        self.draft.commit([list(range(new.numel()))])
         self._anchor, self._fed_beyond = length, []
-        return out.logits[-1]
+        return out.logits[0, new.numel() - 1]
 
     @torch.inference_mode()
     def propose(self, state: ProposerState) -> Draft:
@@ -117,9 +118,8 @@ class DraftModelProposer(Proposer):
             tokens.append(token)
             probs.append(p)
             if i + 1 < self.k:  # the last draft token is never fed: the target verifies it
-                step = torch.tensor([token], device=self.draft.device)
-                logits = self.draft.verify(step, torch.zeros(1, dtype=torch.long), None).logits[-1]
-                self.draft.commit([0], num_verified=1)
+                logits = self.draft.verify([SlotInput([token], [0])]).logits[0, 0]  # (V,)
+                self.draft.commit([[0]])
                 self._fed_beyond.append(token)
         draft_probs = None if self.temperature == 0 else torch.stack(probs)  # (K, V)
         return Draft.chain(torch.tensor(tokens, dtype=torch.long), draft_probs=draft_probs)

@@ -40,7 +40,8 @@ def verify_batch_greedy(ids: torch.Tensor, logits: torch.Tensor, ancestors: torc
     ``ids`` ``(B, W)`` and ``logits`` ``(B, W, V)`` are the step's padded inputs and scores; ``ancestors``
     ``(B, W, W)`` bool has row i = node i and its ancestors among slot b's first ``counts[b]`` nodes (a chain's
     causal mask, a tree's mask; padded rows at least themselves), ``counts`` ``(B,)`` the real nodes (0: idle).
-    Per slot this is ``greedy_on_device``: a draft node is ok iff its token is the argmax of its parent's row;
+    Per slot this is ``verification.verify_greedy``'s rule: a draft node is ok iff its token is the argmax of its
+    parent's row;
     the accepted path ends at the deepest node whose ancestors are all ok (ties: the earlier index), and the
     step emits the path's draft tokens, then the argmax after its last node. ``chain`` (every slot a chain: a
     plain or chain step) takes the shorter chain form, the accepted prefix. No host read, no per-slot op.

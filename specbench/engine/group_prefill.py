@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from specbench.engine.batched_cache import BatchedKVCache
+from specbench.engine.static_cache import StaticKVCache
 from specbench.engine.static_ops import EAGER_OPS, StepOps
 from specbench.engine.target import TargetOutput
 from specbench.engine.transfers import host_to_device
@@ -43,7 +43,7 @@ def split_group(lengths: list[int], token_budget: int) -> list[list[int]]:
 
 
 @torch.inference_mode()
-def prefill_group(module, cache: BatchedKVCache, slots: list[int], prompts: list[torch.Tensor],
+def prefill_group(module, cache: StaticKVCache, slots: list[int], prompts: list[torch.Tensor],
                   aux_layers: tuple[int, ...] = (), ops: StepOps = EAGER_OPS) -> list[TargetOutput]:
     """Run ``prompts[i]`` ``(T_i,)`` (on the cache's device) into ``slots[i]`` of ``cache`` in one forward; the other
     slots are untouched. Returns per prompt its last row's logits ``(1, V)``, hidden states ``(T_i, H)`` and aux
@@ -73,7 +73,7 @@ def prefill_group(module, cache: BatchedKVCache, slots: list[int], prompts: list
     return outputs
 
 
-def prepare_fused(module, cache: BatchedKVCache, ops: StepOps, lengths, token_budget: int,
+def prepare_fused(module, cache: StaticKVCache, ops: StepOps, lengths, token_budget: int,
                   aux_layers: tuple[int, ...] = ()) -> bool:
     """Compile a fused group prefill's stages before anything is timed, with two groups of zero prompts: two short
     ones (each stage's first compile), then the largest group prompts of these ``lengths`` make (the recompile with

@@ -1,4 +1,4 @@
-"""The proposer protocol of B slots, and its per-slot form: any single-sequence Proposer once per slot (batched
+"""The proposer protocol of B slots, and its per-slot form: any per-sequence Proposer once per slot (batched
 forms of particular proposers live in specbench.proposers.batched)."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from specbench.engine.draft import Draft
 from specbench.engine.proposer import Proposer, ProposerState
 
 
-class BatchedProposer(ABC):
+class SlotProposer(ABC):
     """Drafts for the active slots of a batch; ``propose`` maps slot -> state to slot -> draft (None: a plain step)."""
 
     needs_hidden_states: bool = False
@@ -37,8 +37,8 @@ class BatchedProposer(ABC):
         return {"name": "batched"}
 
 
-class PerSlotProposer(BatchedProposer):
-    """One single-sequence :class:`Proposer` per slot, called in turn (n-gram on each slot's host mirror; the
+class PerSlotProposer(SlotProposer):
+    """One per-sequence :class:`Proposer` per slot, called in turn (n-gram on each slot's host mirror; the
     sampled draft models and any proposer without a batched form: docs/batching.md)."""
 
     def __init__(self, proposers: list[Proposer]):

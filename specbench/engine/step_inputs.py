@@ -1,5 +1,5 @@
-"""A batched verify step's inputs: each slot's ``[root, *draft]``, the fixed-width static buffers a step graph reads,
-the step's kind, and the last step's inputs as greedy verification reads them (engine/batched_target.py)."""
+"""A verify step's inputs: each slot's ``[root, *draft]``, the fixed-width static buffers a step graph reads and
+the step's kind, and the last step's inputs as greedy verification reads them (engine/static_target.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from specbench.engine.draft import Draft
-from specbench.engine.transfers import host_to_device
+from specbench.engine.transfers import host_to_device, tensor_to_device
 
 
 @dataclass
@@ -107,3 +107,52 @@ def scatter_rows(buffer: torch.Tensor, parts: list[tuple[int, int, torch.Tensor]
         index = host_to_device([rows, cols], device)  # (2, T)
     buffer[index[0], index[1]] = torch.cat([values for _, _, values in parts]).to(buffer.dtype)  # (T, ...)
     return index
+
+
+def fill_buffers(buffers: BatchBuffers, kind: str, inputs: list[SlotInput | None], device: torch.device) -> BatchBuffers:
+    """Write each slot's input into the (kind, width) buffers, padding the rest (idle slots: all padding). Inputs
+    held on the host go in one packed host-to-device copy per buffer; device-held ones in one scatter per buffer;
+    depths and tree rows are copied only where they changed."""
+    width = buffers.ids.shape[1]
+    ids = [[0] * width for _ in inputs]  # (B, W) host-held ids, padded with token 0
+    depths = [[0] * width for _ in inputs]  # (B, W)
+    device_ids, device_depths = [], []  # (slot, first column, (M,) device tensor)
+    for slot, x in enumerate(inputs):
+        if x is None:
+            continue
+        for rows, parts, values in ((ids, device_ids, x.ids), (depths, device_depths, x.depths)):
+            if isinstance(values, list) or values.device != device:  # host-held (a GPU target's CPU tensor)
+                flat = values if isinstance(values, list) else values.flatten().tolist()
+                rows[slot][: len(flat)] = flat
+            else:
+                parts.append((slot, 0, values.flatten()))
+        if x.tail is not None:
+            device_ids.append((slot, len(x.ids), x.tail.flatten()))
+    buffers.ids.copy_(host_to_device(ids, device))
+    scatter_rows(buffers.ids, device_ids, device)
+    if device_depths or depths != buffers.host_depths:  # plain steps and steady chains: nothing to copy
+        buffers.depths.copy_(host_to_device(depths, device))
+        scatter_rows(buffers.depths, device_depths, device)
+        buffers.host_depths = None if device_depths else depths
+    if kind == "tree":
+        _fill_tree(buffers, inputs, device)
+    return buffers  # plain and chain steps keep the causal mask they were allocated with
+
+
+def _fill_tree(buffers: BatchBuffers, inputs: list[SlotInput | None], device: torch.device) -> None:
+    """Rewrite slot b's tree rows ``(W, W)`` only when its mask changed (a static tree hands over the same mask
+    tensor every step): real rows see their own tree, padded rows only themselves. Idle slots keep theirs."""
+    for slot, x in enumerate(inputs):
+        if x is None:
+            continue
+        n = len(x)
+        written = buffers.tree_rows[slot]
+        if written is not None and written[0] is x.tree_mask and written[1] == n:
+            continue
+        row = buffers.tree[slot]  # (W, W)
+        row.zero_().diagonal().fill_(True)  # padded rows: themselves only
+        if x.tree_mask is None:  # a chain slot in a tree step
+            row[:n, :n].fill_(True).tril_()  # (N, N) causal
+        else:  # a host-held mask goes up pinned and asynchronously (a pageable copy would wait for the stream)
+            row[:n, :n].copy_(tensor_to_device(x.tree_mask, device))
+        buffers.tree_rows[slot] = (x.tree_mask, n)

@@ -1,4 +1,5 @@
-"""Step costs at batch size B: scripted timings, real batched runs' figures and tokens, the gates of a batch point."""
+"""Step costs at batch size B (engine/step_costs.py): scripted timings with known answers, at B = 1 also through a
+per-sequence proposer as the one slot (a case's loop); real runs' figures and tokens; the gates of a batch point."""
 
 from __future__ import annotations
 
@@ -11,22 +12,21 @@ import torch
 from _random_heads import random_heads
 from _synthetic_results import make_result
 from specbench import batch_run
-from specbench.speed import measurement_flags, prediction_error
 from specbench.cases import Case
 from specbench.checkpoints.tiny import tiny_llama
 from specbench.engine import step_costs
-from specbench.engine.batched_proposers import BatchedProposer
-from specbench.engine.batched_target import BatchedStaticTarget
 from specbench.engine.draft import Draft
+from specbench.engine.proposer import Proposer
+from specbench.engine.slot_proposer import PerSlotProposer, SlotProposer
 from specbench.engine.static_target import StaticTarget
-from specbench.engine.step_costs import BatchedStepCosts, measure_batched_step_costs
+from specbench.engine.step_costs import StepCosts, measure_step_costs
 from specbench.engine.target import TargetOutput
 from specbench.gating.gates import NOT_MEASURED, compare_entry
 from specbench.gating.regenerate import baseline_entry
 from specbench.harness import run_case
 from specbench.proposers.draft_model import DraftModelProposer
 from specbench.proposers.medusa import MedusaProposer
-from specbench.speed import mean_acceptance_length
+from specbench.speed import mean_acceptance_length, measurement_flags, prediction_error
 
 VOCAB, HIDDEN = 256, 64
 SMALL_TREE = [[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0]]  # 6 nodes: verify width 7
@@ -49,7 +49,7 @@ def clock(monkeypatch):
     return fake
 
 
-class ScriptedBatchedTarget:
+class ScriptedTarget:
     """B slots whose verify of width W costs 1 ms + 0.25 ms per scored node (B * W) on a fake clock; prefill,
     commit, truncate and release cost none. Records each verify's width, inputs and the slot lengths it started at."""
 
@@ -90,7 +90,7 @@ class ScriptedBatchedTarget:
         self.lengths[slot] = 0
 
 
-class ScriptedBatchedProposer(BatchedProposer):
+class ScriptedSlotProposer(SlotProposer):
     """Drafts (1, 2, 3) for every slot but the ``silent`` ones (None: nothing drafted), or a tree; 0.5 ms per call
     plus 0.1 ms per slot on the fake clock."""
 
@@ -113,6 +113,30 @@ class ScriptedBatchedProposer(BatchedProposer):
                 (Draft(tokens, parents) if self.tree else Draft.chain(tokens)) for slot in states}
 
 
+class ScriptedProposer(Proposer):
+    """A per-sequence proposer: drafts the chain ``tokens`` (none: nothing drafted), 0.5 ms per call on the fake clock."""
+
+    name = "scripted-costs"
+
+    def __init__(self, clock: FakeClock, tokens=(1, 2, 3)):
+        self.clock, self.tokens, self.begun = clock, tokens, []
+
+    @classmethod
+    def from_options(cls, target, **options):
+        raise NotImplementedError("built directly by the tests")
+
+    @property
+    def max_draft_tokens(self) -> int:
+        return 3
+
+    def begin_request(self, prompt_ids):
+        self.begun.append(prompt_ids.tolist())
+
+    def propose(self, state):
+        self.clock.now += 0.5e-3
+        return Draft.chain(torch.tensor(self.tokens, dtype=torch.long)) if self.tokens else None
+
+
 def _nodes(x) -> list[int]:
     """A slot input's ``[root, *draft]``: its host-known ids, then its device-held tail."""
     return list(x.ids) + ([] if x.tail is None else x.tail.tolist())
@@ -120,11 +144,11 @@ def _nodes(x) -> list[int]:
 
 @pytest.mark.parametrize("batch_size", [1, 3])
 def test_step_costs_at_b_on_a_scripted_clock(clock, batch_size):
-    target, proposer = ScriptedBatchedTarget(clock, batch_size), ScriptedBatchedProposer(clock)
+    target, proposer = ScriptedTarget(clock, batch_size), ScriptedSlotProposer(clock)
     prompts = [[5, 6, 7], [5, 6], [9]]
-    costs = measure_batched_step_costs(target, proposer, prompts, reps=3, warmup=1)
+    costs = measure_step_costs(target, proposer, prompts, reps=3, warmup=1)
     t1, verify, draft = 1e-3 + 0.25e-3 * batch_size, 1e-3 + 0.25e-3 * batch_size * 4, 0.5e-3 + 0.1e-3 * batch_size
-    assert isinstance(costs, BatchedStepCosts) and costs.batch_size == batch_size
+    assert isinstance(costs, StepCosts) and costs.batch_size == batch_size
     assert (costs.t1_s, costs.verify_s, costs.draft_s) == pytest.approx((t1, verify, draft), abs=1e-12)
     assert costs.verify_width == 4 and costs.reps == 3
     assert costs.verify_cost_ratio == pytest.approx(verify / t1) and costs.draft_cost_ratio == pytest.approx(draft / t1)
@@ -141,19 +165,35 @@ def test_step_costs_at_b_on_a_scripted_clock(clock, batch_size):
     assert target.lengths == [0] * batch_size and proposer.begun == list(range(batch_size))
 
 
+@pytest.mark.parametrize("tokens", [(1, 2, 3), ()], ids=["drafts", "drafts-nothing"])
+def test_a_per_sequence_proposer_as_the_one_slot(clock, tokens):
+    """A case's loop measures at B = 1 with its per-sequence proposer as the decoder's one slot. One that drafts
+    nothing at the prompt (an n-gram without a match) is charged its propose time and a verify of max_draft_tokens."""
+    target, proposer = ScriptedTarget(clock, 1), ScriptedProposer(clock, tokens)
+    costs = measure_step_costs(target, PerSlotProposer([proposer]), [[5, 6, 7]], reps=3, warmup=1)
+    t1, verify = 1e-3 + 0.25e-3, 1e-3 + 0.25e-3 * 4  # the plain step and the chain of 3 (4 nodes)
+    assert (costs.t1_s, costs.verify_s, costs.draft_s) == pytest.approx((t1, verify, 0.5e-3), abs=1e-12)
+    assert costs.verify_width == 4 and costs.reps == 3 and costs.batch_size == 1
+    assert costs.verify_cost_ratio == pytest.approx(verify / t1) and costs.draft_cost_ratio == pytest.approx(0.5e-3 / t1)
+    assert costs.predicted_speedup(2.25) == pytest.approx(2.25 / ((verify + 0.5e-3) / t1))
+    assert [w for w, _, _ in target.steps] == [1] * 4 + [4] * 4  # warm-up + reps, plain first
+    assert [_nodes(x) for x in target.steps[-1][1]] == ([[7, 1, 2, 3]] if tokens else [[7, 7, 7, 7]])
+    assert proposer.begun == [[5, 6, 7]] and target.lengths == [0]
+
+
 def test_a_silent_slot_is_charged_a_full_chain_and_a_tree_its_nodes(clock):
-    target = ScriptedBatchedTarget(clock, 3)
-    costs = measure_batched_step_costs(target, ScriptedBatchedProposer(clock, silent={1}), [[5, 6]], reps=2)
+    target = ScriptedTarget(clock, 3)
+    costs = measure_step_costs(target, ScriptedSlotProposer(clock, silent={1}), [[5, 6]], reps=2)
     assert costs.verify_width == 4 and costs.verify_s == pytest.approx(1e-3 + 0.25e-3 * 12)
     assert [_nodes(x) for x in target.steps[-1][1]] == [[7, 1, 2, 3], [8, 8, 8, 8], [9, 1, 2, 3]]
-    tree = ScriptedBatchedTarget(clock, 2)
-    costs = measure_batched_step_costs(tree, ScriptedBatchedProposer(clock, tree=True), [[5, 6]], reps=2)
+    tree = ScriptedTarget(clock, 2)
+    costs = measure_step_costs(tree, ScriptedSlotProposer(clock, tree=True), [[5, 6]], reps=2)
     step = tree.steps[-1][1][0]
     assert costs.verify_width == 4 and step.tree_mask is not None and torch.as_tensor(step.depths).tolist() == [0, 1, 1, 2]
-    plain = measure_batched_step_costs(ScriptedBatchedTarget(clock, 2), None, [[5, 6]], reps=2)
+    plain = measure_step_costs(ScriptedTarget(clock, 2), None, [[5, 6]], reps=2)
     assert (plain.verify_width, plain.draft_s, plain.verify_s) == (1, 0.0, plain.t1_s)
     with pytest.raises(ValueError, match="reps >= 1"):
-        measure_batched_step_costs(ScriptedBatchedTarget(clock, 2), None, [[5]], reps=0)
+        measure_step_costs(ScriptedTarget(clock, 2), None, [[5]], reps=0)
 
 
 def test_batch_measurement_flags_name_the_batch_speedup():
@@ -200,9 +240,9 @@ def _draft_model(static):
 def test_the_verify_width_is_the_steps_fixed_width(tiny):
     """A draft shorter than K verifies at the chain's reserved width K + 1, as the run's steps do."""
     static, _ = tiny
-    target = BatchedStaticTarget.from_static_target(static, 2)
+    target = static.with_batch_size(2)
     target.reserve(32, 3)
-    costs = measure_batched_step_costs(target, ScriptedBatchedProposer(FakeClock(), tokens=(1, 2)), [[5, 6, 7]], reps=2)
+    costs = measure_step_costs(target, ScriptedSlotProposer(FakeClock(), tokens=(1, 2)), [[5, 6, 7]], reps=2)
     assert costs.verify_width == 4 and costs.batch_size == 2
     assert all(math.isfinite(t) and t > 0 for t in (costs.t1_s, costs.verify_s, costs.draft_s))
     assert [target.cache_length(b) for b in range(2)] == [0, 0]  # every slot released
@@ -241,8 +281,8 @@ def test_a_batch_curve_carries_the_step_costs_at_each_b(tiny):
 
 def test_scripted_step_costs_flow_into_the_batch_result(tiny, monkeypatch):
     static, heads = tiny
-    fixed = BatchedStepCosts(t1_s=0.010, verify_s=0.015, draft_s=0.002, verify_width=4, reps=10, batch_size=3)
-    monkeypatch.setattr(batch_run, "measure_batched_step_costs", lambda target, proposer, prompts: fixed)
+    fixed = StepCosts(t1_s=0.010, verify_s=0.015, draft_s=0.002, verify_width=4, reps=10, batch_size=3)
+    monkeypatch.setattr(batch_run, "measure_step_costs", lambda target, proposer, prompts: fixed)
     result = _run(_case(3), static, _draft_model(static))
     metrics, (record,) = result["metrics"], result["repeats"]
     assert (record["t1_s"], record["verify_s"], record["draft_s"], record["verify_width"]) == (0.010, 0.015, 0.002, 4)
@@ -263,8 +303,8 @@ def test_measuring_leaves_the_runs_tokens_and_counters_unchanged(tiny, monkeypat
     """Two repeats through three slots (a refill each): the repeat after a measurement decodes as it would without."""
     static, heads = tiny
     measured = _run(_case(3, repeats=2), static, proposer_for(static, heads))
-    fixed = BatchedStepCosts(t1_s=0.01, verify_s=0.01, draft_s=0.0, verify_width=1, reps=1, batch_size=3)
-    monkeypatch.setattr(batch_run, "measure_batched_step_costs", lambda target, proposer, prompts: fixed)
+    fixed = StepCosts(t1_s=0.01, verify_s=0.01, draft_s=0.0, verify_width=1, reps=1, batch_size=3)
+    monkeypatch.setattr(batch_run, "measure_step_costs", lambda target, proposer, prompts: fixed)
     unmeasured = _run(_case(3, repeats=2), static, proposer_for(static, heads))
     assert [{k: r[k] for k in PER_REQUEST} for r in measured["requests"]] == [
         {k: r[k] for k in PER_REQUEST} for r in unmeasured["requests"]]
@@ -292,7 +332,7 @@ def _batch_point(seed: int = 0, batch_size: int = 2, **changes) -> dict:
 
 
 def test_a_batch_points_step_cost_ratios_are_gated_as_a_single_runs():
-    entry = baseline_entry(_batch_point(seed=0), command="pytest tests/test_batched_step_costs.py")
+    entry = baseline_entry(_batch_point(seed=0), command="pytest tests/test_step_costs.py")
     tol = {"verify_cost_ratio": 0.05, "draft_cost_ratio": 0.05}
     assert compare_entry(_batch_point(seed=1), entry, tolerances=tol).passed
     slower = compare_entry(_batch_point(seed=1, verify_scale=1.2), entry, tolerances=tol)
@@ -311,7 +351,7 @@ def test_a_batch_points_step_cost_ratios_are_gated_as_a_single_runs():
 def test_a_real_batch_points_verify_cost_ratio_is_gated_under_ratios(tiny):
     static, heads = tiny
     result = _run(_case(2, gate_speed="ratios"), static, _medusa(static, heads, num_speculative_tokens=3))
-    entry = baseline_entry(result, command="pytest tests/test_batched_step_costs.py")
+    entry = baseline_entry(result, command="pytest tests/test_step_costs.py")
     speed = entry["speed"][result["env"]["hardware_class"]]
     assert math.isfinite(speed["metrics"]["verify_cost_ratio"]) and math.isfinite(speed["metrics"]["step_latency_s"])
     same = compare_entry(result, entry).check("verify_cost_ratio")
