@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _phase_clock import PhaseClock  # noqa: E402
 
-from specbench.atomic_write import write_text_atomic  # noqa: E402
+from specbench.io.atomic_write import write_text_atomic  # noqa: E402
 from specbench.cli.arguments import list_argument_type  # noqa: E402
 from specbench.engine import batched_decode  # noqa: E402
 from specbench.engine.batched_decode import BatchedDecoder  # noqa: E402

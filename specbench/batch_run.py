@@ -179,7 +179,7 @@ CURVE_FIELDS = ("throughput_tokens_per_s", "plain_throughput_tokens_per_s", "bat
 
 def _curve_key(result: dict) -> str:
     """What the results of one curve share: their case definition without its name and batch size."""
-    from specbench import strict_json
+    from specbench.io import strict_json
 
     case = {k: v for k, v in (result.get("case") or {}).items() if k not in ("name", "batch_size")}
     return strict_json.dumps(case)

@@ -53,7 +53,7 @@ from specbench import env
 from specbench import gpu_assignment as gpus_of
 from specbench import pytest_ab
 from specbench import pytest_sharding as sharding
-from specbench.file_lock import locked
+from specbench.io.file_lock import locked
 from specbench.gating.launch_bound import LAUNCH_BOUND_NOTE, launch_bound
 
 RESULTS_KEY = pytest.StashKey[list]()
@@ -219,7 +219,7 @@ class _Gatekeeper:
         """Record ``result``, then gate it against its stored baseline, or store it (--specbench-update-baselines);
         ``ab_report``: its verdict from an A/B against a base commit (--specbench-compare), gated instead."""
         # strict_json, not harness.to_json: gating a stored result must not import the harness (torch, datasets)
-        from specbench import strict_json
+        from specbench.io import strict_json
         from specbench.gating.baselines import BaselineRefused, BaselineStore, compare
         from specbench.gating.regenerate import update_baseline
 

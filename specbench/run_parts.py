@@ -9,8 +9,8 @@ from pathlib import Path
 
 import torch
 
-from specbench import strict_json
-from specbench.atomic_write import write_text_atomic
+from specbench.io import strict_json
+from specbench.io.atomic_write import write_text_atomic
 from specbench.case_requirements import expand_ref
 from specbench.cases import DTYPE_NAMES, Case, case_source
 from specbench.checkpoints.tiny import BUILTIN_TARGETS

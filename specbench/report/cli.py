@@ -12,7 +12,7 @@ import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
-from specbench.atomic_write import write_text_atomic
+from specbench.io.atomic_write import write_text_atomic
 from specbench.gating.aggregates import contradictions
 from specbench.gating.baselines import BaselineError, BaselineStore, compare, default_baselines_dir
 from specbench.gating.history import (

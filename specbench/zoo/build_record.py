@@ -15,8 +15,8 @@ from contextlib import contextmanager
 from importlib import metadata
 from pathlib import Path
 
-from specbench import strict_json
-from specbench.atomic_write import write_text_atomic
+from specbench.io import strict_json
+from specbench.io.atomic_write import write_text_atomic
 from specbench.gating.gates import DEFAULT_TOLERANCES
 
 RECORD_FILE = "build_record.json"
