@@ -370,7 +370,7 @@ def case_params(suite: str) -> list:
 def skip_unless_available(case) -> None:
     """Skip (with the precise reason) when the case's target, proposer checkpoint or prompts are not
     available here: no download is attempted when HF_HUB_OFFLINE=1."""
-    from specbench.case_requirements import missing_checkpoint
+    from specbench.cases.requirements import missing_checkpoint
     from specbench.prompts import DatasetUnavailable, load_prompts
 
     missing = missing_checkpoint(case)

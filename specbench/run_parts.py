@@ -11,7 +11,7 @@ import torch
 
 from specbench.io import strict_json
 from specbench.io.atomic_write import write_text_atomic
-from specbench.case_requirements import expand_ref
+from specbench.cases.requirements import expand_ref
 from specbench.cases import DTYPE_NAMES, Case, case_source
 from specbench.checkpoints.tiny import BUILTIN_TARGETS
 from specbench.engine.decode import GenerationConfig, GenerationResult

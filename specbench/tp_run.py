@@ -8,7 +8,7 @@ from typing import Callable
 import torch
 
 from specbench.case_loop import decode_case
-from specbench.case_requirements import expand_ref
+from specbench.cases.requirements import expand_ref
 from specbench.cases import Case
 from specbench.distributed import (RankContext, RankFailed, TensorParallelCaseError, TorchrunRankFailed,
                                    environment_record, init_from_env, launch)

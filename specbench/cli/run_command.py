@@ -10,7 +10,7 @@ import os
 import shlex
 import sys
 
-from specbench.case_requirements import hardware_shortfall
+from specbench.cases.requirements import hardware_shortfall
 from specbench.cases import OVERRIDABLE, Case, find_case, with_overrides
 from specbench.cli.errors import load_error
 from specbench.gating.launch_bound import LAUNCH_BOUND_NOTE, launch_bound

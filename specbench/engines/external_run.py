@@ -66,7 +66,7 @@ def _metrics(run: EngineRun, records: list[dict]) -> tuple[dict, list[dict]]:
 
 def _prompts(case: Case) -> tuple[list[tuple[str, list[int]]], dict]:
     """The case's prompts as token ids, tokenised by the target's own tokenizer, as the harness loads them."""
-    from specbench.case_requirements import expand_ref
+    from specbench.cases.requirements import expand_ref
     from specbench.checkpoints.resolve import resolve_model_dir
     from specbench.run_parts import load_prompt_ids, load_tokenizer
 
