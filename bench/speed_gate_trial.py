@@ -49,7 +49,7 @@ from specbench.cases import find_case, with_overrides  # noqa: E402
 from specbench.gating.gates import SPEED_METRICS, compare_entry, resolve_tolerances  # noqa: E402
 from specbench.gating.regenerate import baseline_entry  # noqa: E402
 from specbench.gating.stability import metric_spread, pairwise_false_failures  # noqa: E402
-from specbench.harness import (  # noqa: E402
+from specbench.run.harness import (  # noqa: E402
     build_proposer, case_fault, fault_line, free_device_memory, load_target, parse_dtype, run_case,
 )
 

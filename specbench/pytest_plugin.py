@@ -293,7 +293,7 @@ def specbench_run(request: pytest.FixtureRequest, specbench_gate):
             case = Case.from_dict(case)
         if request.config.getoption("--specbench-compare"):  # runs in fresh processes: nothing loaded here
             return specbench_gate(*ab_mode.run_ab(request.config, case))
-        from specbench.harness import case_fault, fault_line, free_device_memory, run_case
+        from specbench.run.harness import case_fault, fault_line, free_device_memory, run_case
 
         try:
             result = run_case(case, progress=False).to_dict()

@@ -25,7 +25,7 @@ CURVE = "chain-k3"
 def batch_point(batch_size: int, *, seed: int = 0, speedup_scale: float = 1.0, throughput_scale: float = 1.0,
                 num_repeats: int = 3, hardware_class: str = GPU) -> dict:
     """A synthetic result of the point ``CURVE[batch_size=B]``: make_result's requests plus, per repeat, the batch
-    figures batch_run records (throughput grows with B, batch speedup falls with it), and their medians."""
+    figures run/batch.py records (throughput grows with B, batch speedup falls with it), and their medians."""
     result = make_result(seed=seed, num_repeats=num_repeats, hardware_class=hardware_class, name=CURVE)
     name = f"{CURVE}[batch_size={batch_size}]"
     result["case"].update(name=name, engine="static", batch_size=batch_size)

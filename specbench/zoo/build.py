@@ -19,7 +19,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from specbench.medusa.checkpoint import load_medusa_heads, save_medusa_heads
 from specbench.env import environment_fingerprint
-from specbench.harness import DTYPES
+from specbench.run.harness import DTYPES
 from specbench.medusa.heads import MedusaHeads, MedusaHeadsConfig
 from specbench.medusa.training import head_topk_accuracy, train_medusa_heads
 from specbench.medusa.tree_calibration import calibrate_tree, expected_acceptance_length, rank_accuracies, save_tree_json

@@ -20,7 +20,7 @@ from specbench.eagle.training3 import (
     eagle3_loss, new_eagle3_head, select_draft_vocab, token_counts, train_eagle3_head, vocab_coverage,
 )
 from specbench.env import environment_fingerprint
-from specbench.harness import DTYPES
+from specbench.run.harness import DTYPES
 from specbench.zoo.build_record import REPRODUCED_METRICS, StageTimer, directory_bytes, loss_summary, part_digests
 from specbench.zoo.eagle_acceptance import measure_acceptance
 
