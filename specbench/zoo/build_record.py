@@ -27,6 +27,8 @@ RECORD_KEYS = (
     "tokenizer", "target", "medusa", "trees", "acceptance", "draft", "sizes_bytes", "checks", "passed",
     "wall_time_s",
 )
+PARTS = ("target", "medusa", "draft", "trees")  # what the Medusa and draft stages ship; the EAGLE stage's HEAD_DIRS follow
+MAX_TOTAL_BYTES = 50_000_000  # the zoo ships inside the package and travels with it to GPU machines (issue #14: 50 MB)
 _LIBRARIES = ("torch", "transformers", "tokenizers", "safetensors", "tqdm", "specbench")
 LOSS_CURVE_POINTS = 100
 
