@@ -173,7 +173,7 @@ class _Curves(HTMLParser):
 def dashboard(tmp_path):
     """A history of a two-point curve (measured at 90% of the baseline's batch speedup) rendered by `specbench report`."""
     from specbench.gating.history import append_results
-    from specbench.report.cli import main
+    from specbench.report.arguments import main
 
     baselines = tmp_path / "baselines"
     for size in (1, 2):
