@@ -34,7 +34,7 @@ from _bench_target import add_target_arguments, load_target  # noqa: E402
 from _phase_clock import sync  # noqa: E402
 from speed_7b import copy_bandwidth  # noqa: E402
 
-from specbench.atomic_write import write_text_atomic  # noqa: E402
+from specbench.io.atomic_write import write_text_atomic  # noqa: E402
 from specbench.engine.decode import Decoder, GenerationConfig  # noqa: E402
 from specbench.engine.static_cache import attention_span  # noqa: E402
 from specbench.engine.step_inputs import SlotInput  # noqa: E402

@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _bench_target import add_target_arguments, load_target  # noqa: E402
 from _phase_clock import sync, timed_calls  # noqa: E402
 
-from specbench.atomic_write import write_text_atomic  # noqa: E402
+from specbench.io.atomic_write import write_text_atomic  # noqa: E402
 from specbench.compile_watch import compiled_graphs  # noqa: E402
 from specbench.cli.arguments import list_argument_type  # noqa: E402
 from specbench.engine.group_prefill import prefill_group  # noqa: E402

@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _bench_target import add_target_arguments, load_target  # noqa: E402
 from _phase_clock import sync, timed_calls  # noqa: E402
 
-from specbench.atomic_write import write_text_atomic  # noqa: E402
+from specbench.io.atomic_write import write_text_atomic  # noqa: E402
 from specbench.engine.static_cache import attention_span  # noqa: E402
 from specbench.cli.arguments import list_argument_type  # noqa: E402
 from specbench.engine.step_inputs import SlotInput, slot_input  # noqa: E402

@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _phase_clock import PhaseClock  # noqa: E402
 
-from specbench.atomic_write import write_text_atomic  # noqa: E402
+from specbench.io.atomic_write import write_text_atomic  # noqa: E402
 from specbench.cli.arguments import list_argument_type  # noqa: E402
 from specbench.checkpoints.tiny import tiny_llama  # noqa: E402
 from specbench.engine import decode, static_target  # noqa: E402

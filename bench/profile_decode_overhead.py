@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _bench_target import add_target_arguments, load_target  # noqa: E402
 from batch_curve import ScriptedBatch  # noqa: E402
 
-from specbench.atomic_write import write_text_atomic  # noqa: E402
+from specbench.io.atomic_write import write_text_atomic  # noqa: E402
 from specbench.engine.decode import Decoder, GenerationConfig  # noqa: E402
 from specbench.engine.step_costs import measure_step_costs  # noqa: E402
 from specbench.env import environment_fingerprint  # noqa: E402

@@ -137,3 +137,13 @@ def aggregate(counters: list[SpecCounters], timings: list[RequestTiming]) -> dic
     out["num_requests"] = len(counters)
     out["num_output_tokens"] = sum(t.num_output_tokens for t in timings)
     return out
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    """Tokens two outputs share before they first differ (the shorter length when one is a prefix of the other):
+    the lossless check's ``first_divergence`` and ``match_fraction`` (docs/metrics.md#lossless-check), and where an
+    engine under test first parts from the reference engine."""
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return min(len(a), len(b))

@@ -18,12 +18,12 @@ Options
     ``--specbench-no-history``        record nothing in a results history
     ``--specbench-baselines DIR``     baseline directory (default ``$SPECBENCH_BASELINES_DIR`` or ./baselines)
     ``--specbench-compare BASE``      gate each case by an A/B against commit BASE on this machine, not the stored
-                                      baselines (``--specbench-compare-rounds R``, default 5; specbench.pytest_ab)
+                                      baselines (``--specbench-compare-rounds R``, default 5; specbench.plugin.ab_mode)
     ``--specbench-no-gpu-sharding``   under pytest-xdist, leave CUDA_VISIBLE_DEVICES alone (as does setting
                                       ``$SPECBENCH_NO_GPU_SHARDING`` to anything but "" or "0")
 GPU sharding (pytest-xdist, ``-n N``)
     Each worker's CUDA_VISIBLE_DEVICES is set in its pytest_configure, before CUDA is initialised there: worker
-    gwk sees GPU k mod G first, then the others in rotation (specbench.gpu_assignment), so ``multi_gpu(n)`` cases
+    gwk sees GPU k mod G first, then the others in rotation (specbench.plugin.gpu_assignment), so ``multi_gpu(n)`` cases
     use their worker's GPU and the n-1 after it. The controller lists the GPUs (CUDA_VISIBLE_DEVICES, else
     env.gpu_inventory()) and hands the list to the workers; each result's ``env`` gains ``xdist_worker`` and
     ``cuda_visible_devices``, the workers' table rows come back to the controller's summary, with each worker's
@@ -50,10 +50,10 @@ from pathlib import Path
 import pytest
 
 from specbench import env
-from specbench import gpu_assignment as gpus_of
-from specbench import pytest_ab
-from specbench import pytest_sharding as sharding
-from specbench.file_lock import locked
+from specbench.plugin import gpu_assignment as gpus_of
+from specbench.plugin import ab_mode
+from specbench.plugin import sharding
+from specbench.io.file_lock import locked
 from specbench.gating.launch_bound import LAUNCH_BOUND_NOTE, launch_bound
 
 RESULTS_KEY = pytest.StashKey[list]()
@@ -78,7 +78,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="do not append case results to any results history")
     group.addoption("--specbench-baselines", metavar="DIR", default=None,
                     help="baseline directory (default: $SPECBENCH_BASELINES_DIR or ./baselines)")
-    pytest_ab.add_options(group)
+    ab_mode.add_options(group)
     group.addoption("--specbench-no-gpu-sharding", action="store_true", default=False,
                     help="under pytest-xdist, do not give each worker its own GPU through CUDA_VISIBLE_DEVICES "
                          f"(also: ${gpus_of.OPT_OUT_VAR}=1)")
@@ -91,7 +91,7 @@ def pytest_configure(config: pytest.Config) -> None:
     if config.getoption("--specbench-no-history") and config.getoption("--specbench-history"):
         raise pytest.UsageError("give --specbench-history DIR or --specbench-no-history, not both")
     _check_reason(config)
-    pytest_ab.check_options(config)
+    ab_mode.check_options(config)
     config.stash[RESULTS_KEY] = []
     config.stash[HISTORY_USED_KEY] = set()
     config.stash[STARTED_KEY] = time.perf_counter()
@@ -219,7 +219,7 @@ class _Gatekeeper:
         """Record ``result``, then gate it against its stored baseline, or store it (--specbench-update-baselines);
         ``ab_report``: its verdict from an A/B against a base commit (--specbench-compare), gated instead."""
         # strict_json, not harness.to_json: gating a stored result must not import the harness (torch, datasets)
-        from specbench import strict_json
+        from specbench.io import strict_json
         from specbench.gating.baselines import BaselineRefused, BaselineStore, compare
         from specbench.gating.regenerate import update_baseline
 
@@ -292,8 +292,8 @@ def specbench_run(request: pytest.FixtureRequest, specbench_gate):
         elif isinstance(case, dict):
             case = Case.from_dict(case)
         if request.config.getoption("--specbench-compare"):  # runs in fresh processes: nothing loaded here
-            return specbench_gate(*pytest_ab.run_ab(request.config, case))
-        from specbench.harness import case_fault, fault_line, free_device_memory, run_case
+            return specbench_gate(*ab_mode.run_ab(request.config, case))
+        from specbench.run.harness import case_fault, fault_line, free_device_memory, run_case
 
         try:
             result = run_case(case, progress=False).to_dict()
@@ -370,7 +370,7 @@ def case_params(suite: str) -> list:
 def skip_unless_available(case) -> None:
     """Skip (with the precise reason) when the case's target, proposer checkpoint or prompts are not
     available here: no download is attempted when HF_HUB_OFFLINE=1."""
-    from specbench.case_requirements import missing_checkpoint
+    from specbench.cases.requirements import missing_checkpoint
     from specbench.prompts import DatasetUnavailable, load_prompts
 
     missing = missing_checkpoint(case)

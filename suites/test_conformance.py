@@ -47,8 +47,8 @@ def _case(proposer: dict, name: str):
 
 
 def _reference(case) -> dict:
-    from specbench.engines.external_run import reference_case
-    from specbench.harness import run_case
+    from specbench.run.external import reference_case
+    from specbench.run.harness import run_case
 
     return run_case(reference_case(case), progress=False).to_dict()
 
@@ -56,7 +56,7 @@ def _reference(case) -> dict:
 def _vllm_as_given(case, speculative_config: dict, workdir) -> list[dict]:
     """vLLM's speculative run of ``case`` on ``speculative_config`` exactly as given (no translation): its
     per-request records."""
-    from specbench.engines.external_run import _prompts
+    from specbench.run.external import _prompts
     from specbench.engines.interface import Translation
     from specbench.engines.vllm_engine import execute, job
 
@@ -163,7 +163,7 @@ def test_vllm_ngram_latest_match_diverges(tmp_path):
     """vLLM drafts after the earliest occurrence of the longest match; specbench's default (match = "latest") after
     the most recent: the counters differ on the reference prompts (issue #26: 2 of 10 requests), while the case with
     match = "earliest" is exact (conformance.toml). The verdict names the divergence instead of failing."""
-    from specbench.harness import run_case
+    from specbench.run.harness import run_case
 
     skip_without_vllm()
     case = _case({"name": "ngram", "num_speculative_tokens": 3, "min_n": 1, "max_n": 3}, "ngram-latest-k3")
@@ -182,7 +182,7 @@ def test_a_head_size_vllms_cpu_attention_refuses_is_one_clear_refusal(tmp_path):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from specbench.engines.interface import EngineRefused
-    from specbench.harness import run_case
+    from specbench.run.harness import run_case
 
     skip_without_vllm()
     config = LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=1,

@@ -18,7 +18,7 @@ import math
 import pytest
 
 from specbench.engine.sampling import SamplingParams
-from specbench.harness import build_proposer, generation_config, load_prompt_ids, load_target
+from specbench.run.harness import build_proposer, generation_config, load_prompt_ids, load_target
 from specbench.pytest_plugin import case_params, skip_unless_available
 
 LATENCY_CASES = [p for p in case_params("medusa") if p.values[0].name in (

@@ -23,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root: specbench is not installed
 
-from specbench.atomic_write import write_text_atomic  # noqa: E402
+from specbench.io.atomic_write import write_text_atomic  # noqa: E402
 from specbench.gating.regenerate import update_baseline  # noqa: E402
 
 

@@ -11,7 +11,7 @@ import copy
 import random
 
 from specbench.metrics import RequestTiming, SpecCounters, aggregate
-from specbench.speed import repeat_record, speed_over_repeats
+from specbench.run.speed import repeat_record, speed_over_repeats
 
 
 def make_result(seed: int = 0, *, num_requests: int = 40, accept_scale: float = 1.0, speed_scale: float = 1.0,

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from _synthetic_results import make_result, with_divergence
 
-from specbench.file_lock import LockTimeout, locked
+from specbench.io.file_lock import LockTimeout, locked
 from specbench.gating.regenerate import update_baseline
 from specbench.gating.baselines import (
     BASELINES_DIR_ENV, BaselineError, BaselineFileError, BaselineRefused, BaselineStore, CaseDefinitionChanged,
@@ -263,7 +263,7 @@ def test_sigkill_during_regeneration_leaves_the_old_or_the_new_file(tmp_path):
 # holds the lock update_baseline takes on DIR until a line arrives on stdin (or it is killed), saying so on stdout
 LOCK_HOLDER = """
 import sys
-from specbench.file_lock import locked
+from specbench.io.file_lock import locked
 with locked(sys.argv[1]):
     print("held", flush=True)
     sys.stdin.readline()

@@ -8,10 +8,10 @@ import json
 
 import pytest
 
-from specbench.batch_run import best_per_batch_size, curves
+from specbench.run.batch import best_per_batch_size, curves
 from specbench.cases import Case, load_suite, with_overrides
 from specbench.cli import main
-from specbench.harness import run_case
+from specbench.run.harness import run_case
 
 REFERENCE = {
     "name": "chain", "suite": "batch", "target": "specbench-ref/gsm8k-tiny", "engine": "static",

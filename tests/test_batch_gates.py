@@ -25,7 +25,7 @@ CURVE = "chain-k3"
 def batch_point(batch_size: int, *, seed: int = 0, speedup_scale: float = 1.0, throughput_scale: float = 1.0,
                 num_repeats: int = 3, hardware_class: str = GPU) -> dict:
     """A synthetic result of the point ``CURVE[batch_size=B]``: make_result's requests plus, per repeat, the batch
-    figures batch_run records (throughput grows with B, batch speedup falls with it), and their medians."""
+    figures run/batch.py records (throughput grows with B, batch speedup falls with it), and their medians."""
     result = make_result(seed=seed, num_repeats=num_repeats, hardware_class=hardware_class, name=CURVE)
     name = f"{CURVE}[batch_size={batch_size}]"
     result["case"].update(name=name, engine="static", batch_size=batch_size)
@@ -173,7 +173,7 @@ class _Curves(HTMLParser):
 def dashboard(tmp_path):
     """A history of a two-point curve (measured at 90% of the baseline's batch speedup) rendered by `specbench report`."""
     from specbench.gating.history import append_results
-    from specbench.report.cli import main
+    from specbench.report.arguments import main
 
     baselines = tmp_path / "baselines"
     for size in (1, 2):

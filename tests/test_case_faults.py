@@ -1,7 +1,7 @@
 """Issue #13, faults: an out-of-memory or CUDA error in one case is that case's error (its message and the memory it
 asked for), and the suite goes on, in the CLI and in pytest.
 
-specbench.harness.run_case is replaced by a stand-in that raises for the chosen case ids and returns a synthetic
+specbench.run.harness.run_case is replaced by a stand-in that raises for the chosen case ids and returns a synthetic
 result (tests/_synthetic_results.py) for the others."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import torch
 from _synthetic_results import make_result
 
 from specbench.cli import main
-from specbench.harness import case_fault, fault_line
+from specbench.run.harness import case_fault, fault_line
 
 pytest_plugins = ["pytester"]
 
@@ -42,7 +42,7 @@ def faulty_run(monkeypatch):
         result["case"] = case.to_dict()
         return SimpleNamespace(to_dict=lambda: result)
 
-    monkeypatch.setattr("specbench.harness.run_case", run_case)
+    monkeypatch.setattr("specbench.run.harness.run_case", run_case)
     return state
 
 
@@ -123,7 +123,7 @@ def faulty_run(monkeypatch):  # autouse: set up before specbench_run imports run
         result = make_result(num_requests=4, name=case.name, suite="cli", max_new_tokens=16)
         return SimpleNamespace(to_dict=lambda: result)
 
-    monkeypatch.setattr("specbench.harness.run_case", run_case)
+    monkeypatch.setattr("specbench.run.harness.run_case", run_case)
 
 
 @pytest.mark.parametrize("name", ["first", "second"])

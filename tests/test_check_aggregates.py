@@ -9,7 +9,7 @@ import pytest
 
 from specbench.gating.aggregates import contradictions, recomputed
 from specbench.gating.regenerate import update_baseline
-from specbench.report.cli import main
+from specbench.report.arguments import main
 from tests._synthetic_results import make_result
 
 

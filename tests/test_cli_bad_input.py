@@ -10,7 +10,7 @@ import pytest
 from _cli_output import error_line
 
 from specbench.cli import main
-from specbench.report.cli import one_line
+from specbench.report.arguments import one_line
 
 ARTIFACTS = Path(__file__).resolve().parent.parent / "specbench" / "zoo" / "artifacts" / "gsm8k-tiny"
 SMALL = ["--num-prompts", "1", "--max-new-tokens", "4", "-q", "--no-history"]

@@ -2,7 +2,7 @@
 baseline) or is refused naming itself; runs are recorded where `specbench report` reads; bad input is one line and
 exit status 2 (tests/test_cli_bad_input.py); the lossless verdict is gates.check_correctness's; the default output is one line per case.
 
-Where running a model is not the point, specbench.harness.run_case is replaced by a stand-in that returns a
+Where running a model is not the point, specbench.run.harness.run_case is replaced by a stand-in that returns a
 synthetic result for the case it was given (tests/_synthetic_results.py)."""
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ def fake_run(monkeypatch):
         result["case"] = case.to_dict()
         return SimpleNamespace(to_dict=lambda: result)
 
-    monkeypatch.setattr("specbench.harness.run_case", run_case)
+    monkeypatch.setattr("specbench.run.harness.run_case", run_case)
     return state
 
 

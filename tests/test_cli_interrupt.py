@@ -44,7 +44,7 @@ def test_ctrl_c_during_a_held_write_arrives_after_it():
     """The history's append holds SIGINT off (signals_held): the write finishes, then KeyboardInterrupt comes."""
     import pytest
 
-    from specbench.file_lock import signals_held
+    from specbench.io.file_lock import signals_held
 
     done = []
     with pytest.raises(KeyboardInterrupt):

@@ -9,7 +9,7 @@ import pytest
 from specbench import compile_watch
 from specbench.cases import Case
 from specbench.compile_watch import TimedWindow, capture_flags, capture_seconds, compile_flags
-from specbench.harness import run_case
+from specbench.run.harness import run_case
 
 NGRAM = dict(name="watch", proposer={"name": "ngram", "num_speculative_tokens": 3}, max_new_tokens=8,
              prompts={"name": "synthetic", "num_prompts": 3})

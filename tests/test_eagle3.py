@@ -13,8 +13,8 @@ from torch import nn
 from transformers import LlamaConfig, LlamaForCausalLM
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
 
-from specbench.eagle.checkpoint import EagleCheckpointError, load_eagle_head, save_eagle_head
-from specbench.eagle.checkpoint3 import Eagle3CheckpointError, expected_shapes3, load_eagle3_head, save_eagle3_head
+from specbench.eagle.checkpoint import Eagle3CheckpointError, EagleCheckpointError, load_eagle_head, save_eagle_head
+from specbench.eagle.checkpoint3 import expected_shapes3, load_eagle3_head, save_eagle3_head
 from specbench.eagle.eagle3 import Eagle3Config, Eagle3Head, eagle3_aux_layers
 from specbench.engine.hf_target import HFTarget
 from specbench.engine.proposer import ProposerState

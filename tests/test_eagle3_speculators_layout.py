@@ -16,7 +16,8 @@ from torch import nn
 from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
 
-from specbench.eagle.checkpoint3 import Eagle3CheckpointError, load_eagle3_head, save_eagle3_head
+from specbench.eagle.checkpoint import Eagle3CheckpointError
+from specbench.eagle.checkpoint3 import load_eagle3_head, save_eagle3_head
 from specbench.eagle.eagle3 import Eagle3Head
 from specbench.engine.hf_target import HFTarget
 from specbench.engine.static_target import StaticTarget

@@ -26,8 +26,6 @@ from specbench.engine.decode import Decoder, GenerationConfig
 from specbench.engine.hf_target import HFTarget
 from specbench.proposers import create_proposer
 from specbench.references import DATA_DIR_ENV
-import specbench.zoo.build  # noqa: F401  first: it binds build_record.write_record by name, so a test that patches that
-# function must not be the one that first imports it (eagle_stage imports it lazily)
 from specbench.zoo import build_record, eagle_stage
 from specbench.zoo.build_record import RECORD_KEYS, read_record, write_record
 

@@ -8,9 +8,9 @@ import types
 
 import pytest
 
-from specbench import pytest_sharding
-from specbench.gpu_assignment import (GpuAssignmentError, device_order, opted_out, parse_visible_devices,
-                                      sharing_note, visible_gpus, worker_index)
+from specbench.plugin import sharding
+from specbench.plugin.gpu_assignment import (GpuAssignmentError, device_order, opted_out, parse_visible_devices,
+                                             sharing_note, visible_gpus, worker_index)
 from test_pytest_plugin import fake_gpus
 
 pytest_plugins = ["pytester"]
@@ -106,14 +106,14 @@ def test_a_worker_that_already_initialised_cuda_warns_and_keeps_its_devices(monk
     monkeypatch.delenv("SPECBENCH_NO_GPU_SHARDING", raising=False)
     monkeypatch.setitem(sys.modules, "torch", _torch_stub(initialised=True))
     config = _WorkerConfig(["0", "1"])
-    pytest_sharding.assign_worker_gpus(config)
-    assert config.stash[pytest_sharding.ASSIGNMENT_KEY]["cuda_visible_devices"] == "0,1"
+    sharding.assign_worker_gpus(config)
+    assert config.stash[sharding.ASSIGNMENT_KEY]["cuda_visible_devices"] == "0,1"
     assert len(config.warnings) == 1 and "CUDA was already initialised in this worker" in config.warnings[0]
 
     monkeypatch.setitem(sys.modules, "torch", _torch_stub(initialised=False))
     config = _WorkerConfig(["0", "1"])
-    pytest_sharding.assign_worker_gpus(config)  # not yet initialised: gw1's own GPU first
-    assert config.stash[pytest_sharding.ASSIGNMENT_KEY] == {"worker": "gw1", "cuda_visible_devices": "1,0",
+    sharding.assign_worker_gpus(config)  # not yet initialised: gw1's own GPU first
+    assert config.stash[sharding.ASSIGNMENT_KEY] == {"worker": "gw1", "cuda_visible_devices": "1,0",
                                                           "sharded": True, "note": None}
     assert config.warnings == []
 

@@ -11,7 +11,7 @@ import pytest
 
 from specbench.gating.baselines import compare
 from specbench.cases import find_case
-from specbench.harness import run_case
+from specbench.run.harness import run_case
 
 ROOT = Path(__file__).resolve().parent.parent
 

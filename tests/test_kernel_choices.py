@@ -108,7 +108,7 @@ def test_without_autotuning_the_details_say_so(monkeypatch):
 @pytest.mark.parametrize("batch_size", [None, 2])  # the single-sequence and the batched static runs
 def test_a_static_result_carries_the_selections_made_in_its_process(monkeypatch, batch_size):
     from specbench.cases import Case
-    from specbench.harness import run_case
+    from specbench.run.harness import run_case
 
     monkeypatch.setattr(kernel_choices, "_INSTALLED", True)  # as the CUDA engine's autotuned matmuls install it
     tuned = _choice("triton_mm_2", "BLOCK_N=128")

@@ -11,7 +11,7 @@ import pytest
 from specbench.cli.run_command import lossless_report, results_table
 from specbench.gating.history import append_results, load_history
 from specbench.gating.launch_bound import LAUNCH_BOUND_NOTE, LAUNCH_BOUND_WORDS, launch_bound
-from specbench.report.cli import main as report_main
+from specbench.report.arguments import main as report_main
 from specbench.report.html import render_html
 from specbench.report.status import status_rows
 from tests._synthetic_results import make_result

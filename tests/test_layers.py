@@ -4,10 +4,11 @@ README's "Layout" section names import only downwards."""
 
 from __future__ import annotations
 
-import ast
 from pathlib import Path
 
 import pytest
+from test_import_graph import find_cycle, plant
+from test_import_graph import import_graph as module_graph
 
 PACKAGE_DIR = Path(__file__).resolve().parent.parent / "specbench"
 
@@ -35,62 +36,17 @@ def _unit(module: str) -> str | None:
     return parts[1]
 
 
-def import_graph() -> dict[str, set[str]]:
-    """unit -> units it imports (other than itself), from every import statement in its files."""
+def import_graph(package_dir: Path = PACKAGE_DIR) -> dict[str, set[str]]:
+    """unit -> units it imports (other than itself): the module graph of every import statement (lazy ones too),
+    each module taken to its unit."""
     graph: dict[str, set[str]] = {}
-    for path in PACKAGE_DIR.rglob("*.py"):
-        relative = path.relative_to(PACKAGE_DIR.parent).with_suffix("")
-        module = ".".join(relative.parts).removesuffix(".__init__")
+    for module, targets in module_graph(package_dir).items():
         unit = _unit(module)
         if unit is None:
             continue
-        is_package = path.name == "__init__.py"
-        edges = graph.setdefault(unit, set())
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
-            targets: list[str] = []
-            if isinstance(node, ast.Import):
-                targets = [alias.name for alias in node.names]
-            elif isinstance(node, ast.ImportFrom):
-                if node.level:
-                    base = module.split(".")[: len(module.split(".")) - node.level + (1 if is_package else 0)]
-                    prefix = ".".join(base + ([node.module] if node.module else []))
-                else:
-                    prefix = node.module or ""
-                targets = [prefix] + [f"{prefix}.{alias.name}" for alias in node.names] if prefix == "specbench" else [prefix]
-            for target in targets:
-                other = _unit(target)
-                exists = other is not None and ((PACKAGE_DIR / other).is_dir() or (PACKAGE_DIR / f"{other}.py").is_file())
-                if exists and other != unit:
-                    edges.add(other)
+        graph.setdefault(unit, set()).update(other for target in targets
+                                             if (other := _unit(target)) is not None and other != unit)
     return graph
-
-
-def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
-    """One cycle as a list of units (first == last), or None."""
-    state: dict[str, int] = {}  # 1 on the stack, 2 done
-    stack: list[str] = []
-
-    def visit(unit: str) -> list[str] | None:
-        state[unit] = 1
-        stack.append(unit)
-        for other in sorted(graph.get(unit, ())):
-            if state.get(other) == 1:
-                return stack[stack.index(other):] + [other]
-            if other not in state and (cycle := visit(other)):
-                return cycle
-        stack.pop()
-        state[unit] = 2
-        return None
-
-    for unit in sorted(graph):
-        if unit not in state and (cycle := visit(unit)):
-            return cycle
-    return None
-
-
-def test_the_cycle_finder_finds_a_planted_cycle():
-    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
-    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": set()}) is None
 
 
 def test_package_level_import_graph_is_acyclic():
@@ -119,13 +75,8 @@ def test_every_unit_has_a_layer_and_imports_only_downwards():
     ("def f():\n    from specbench.zoo.build import x", {"zoo"}),
     ("from specbench import env, metrics", {"env", "metrics"}),
 ])
-def test_lazy_and_aliased_imports_count(tmp_path, monkeypatch, source, expected):
-    package = tmp_path / "specbench"
-    (package / "engine").mkdir(parents=True)
-    (package / "gating").mkdir()
-    (package / "zoo").mkdir()
-    for name in ("env.py", "metrics.py", "probe.py"):
-        (package / name).write_text("")
-    (package / "probe.py").write_text(source + "\n")
-    monkeypatch.setitem(globals(), "PACKAGE_DIR", package)
-    assert import_graph()["probe"] == expected
+def test_lazy_and_aliased_imports_count(tmp_path, source, expected):
+    package = plant(tmp_path, {"engine/__init__.py": "", "engine/draft.py": "", "gating/__init__.py": "",
+                               "gating/gates.py": "", "zoo/__init__.py": "", "zoo/build.py": "", "env.py": "",
+                               "metrics.py": "", "probe.py": source + "\n"})
+    assert import_graph(package)["probe"] == expected

@@ -11,7 +11,7 @@ from specbench.checkpoints.medusa import read_medusa_checkpoint
 from specbench.checkpoints.medusa_config import MedusaCheckpointError
 from specbench.prompts import DatasetUnavailable, load_prompts, sources
 from specbench.references import DATA_DIR_ENV, resolve_reference
-from specbench.run_parts import build_proposer
+from specbench.run.parts import build_proposer
 
 
 def test_offline_advice_names_only_the_variables_that_are_set(monkeypatch):

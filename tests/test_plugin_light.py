@@ -40,7 +40,7 @@ def test_nothing_heavy_was_imported():
 
 
 def test_no_module_imports_a_posix_only_locking_module():
-    """The plugin loads on Windows: file locking goes through specbench.file_lock (filelock), never fcntl."""
+    """The plugin loads on Windows: file locking goes through specbench.io.file_lock (filelock), never fcntl."""
     import ast
     from pathlib import Path
 
@@ -51,4 +51,4 @@ def test_no_module_imports_a_posix_only_locking_module():
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
                 [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
             offenders += [f"{path.relative_to(package.parent)}:{node.lineno}" for name in names if name in ("fcntl", "msvcrt")]
-    assert not offenders, f"use specbench.file_lock instead: {offenders}"
+    assert not offenders, f"use specbench.io.file_lock instead: {offenders}"

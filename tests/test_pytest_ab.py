@@ -1,4 +1,4 @@
-"""pytest's A/B mode, --specbench-compare BASE (specbench.pytest_ab), driven through pytester: option refusals, a
+"""pytest's A/B mode, --specbench-compare BASE (specbench.plugin.ab_mode), driven through pytester: option refusals, a
 scripted slowdown failing the test with the A/B verdict, an unchanged head passing and recorded with details.ab."""
 
 from __future__ import annotations

@@ -10,8 +10,8 @@ import pytest
 from specbench.cases import Case
 from specbench.gating.gates import RATIOS_ONLY, compare_entry
 from specbench.gating.regenerate import baseline_entry
-from specbench.harness import run_case
-from specbench.speed import measurement_flags, repeat_record, speed_over_repeats
+from specbench.run.harness import run_case
+from specbench.run.speed import measurement_flags, repeat_record, speed_over_repeats
 from _synthetic_results import make_result
 
 

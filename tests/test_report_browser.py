@@ -8,7 +8,7 @@ from html.parser import HTMLParser
 
 import pytest
 
-from specbench.report.cli import main
+from specbench.report.arguments import main
 from specbench.report.screenshot import capture, find_chromium
 from specbench.report.screenshot import main as screenshot_main
 from tests._history_fixtures import ACCEPTANCE_CASE, CASES, GPU, HARDWARE_CLASSES, SPEED_CASE, build_history, latest

@@ -22,7 +22,7 @@ from specbench.gating.baselines import BaselineStore
 from specbench.gating.gates import DEFAULT_TOLERANCES, HIGHER_IS_BETTER, LOWER_IS_BETTER
 from specbench.gating.history import append_results, load_history
 from specbench.report.changes import WINDOW, Regression, detect_regressions, find_steps
-from specbench.report.cli import main
+from specbench.report.arguments import main
 from specbench.report.html import MAX_ENV_ROWS, SPLIT_METRICS, TREND_METRICS, render_html, template_environment
 from specbench.report.html import write_html_report
 from specbench.report.markdown import render_markdown

@@ -11,7 +11,7 @@ import pytest
 
 from specbench.gating.regenerate import update_baseline
 from specbench.gating.baselines import compare
-from specbench.report.cli import main
+from specbench.report.arguments import main
 from specbench.gating.history import (
     HistoryError,
     TruncatedRecordWarning,

@@ -10,7 +10,7 @@ import re
 import pytest
 
 from specbench.gating.history import append_results
-from specbench.report.cli import main
+from specbench.report.arguments import main
 from specbench.report.html import ONE_COMMIT
 from specbench.report.screenshot import find_chromium, measure
 from specbench.report.svg import Line, line_chart

@@ -11,7 +11,7 @@ import pytest
 from specbench.gating.baselines import BaselineStore, compare
 from specbench.gating.history import append_results
 from specbench.gating.regenerate import update_baseline
-from specbench.report.cli import main
+from specbench.report.arguments import main
 from tests._synthetic_results import make_result
 
 HOSTILE = "<img src=x onerror=alert(2)>"

@@ -372,7 +372,7 @@ def test_engine_key_selects_the_static_target_and_decodes_as_eager():
     """A case's ``engine`` picks the Target; both engines give the same tokens and counters per request,
     and the result records which engine ran."""
     from specbench.cases import Case
-    from specbench.harness import load_target, run_case
+    from specbench.run.harness import load_target, run_case
 
     base = {"name": "chain", "suite": "t", "target": "specbench-ref/gsm8k-tiny", "max_new_tokens": 12,
             "proposer": {"name": "medusa", "path": "specbench-ref/gsm8k-tiny-medusa", "num_speculative_tokens": 3},

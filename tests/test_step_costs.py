@@ -11,7 +11,8 @@ import torch
 
 from _random_heads import random_heads
 from _synthetic_results import make_result
-from specbench import batch_run
+from specbench.run import batch
+from specbench.run.speed import mean_acceptance_length, measurement_flags, prediction_error
 from specbench.cases import Case
 from specbench.checkpoints.tiny import tiny_llama
 from specbench.engine import step_costs
@@ -23,10 +24,9 @@ from specbench.engine.step_costs import StepCosts, measure_step_costs
 from specbench.engine.target import TargetOutput
 from specbench.gating.gates import NOT_MEASURED, compare_entry
 from specbench.gating.regenerate import baseline_entry
-from specbench.harness import run_case
+from specbench.run.harness import run_case
 from specbench.proposers.draft_model import DraftModelProposer
 from specbench.proposers.medusa import MedusaProposer
-from specbench.speed import mean_acceptance_length, measurement_flags, prediction_error
 
 VOCAB, HIDDEN = 256, 64
 SMALL_TREE = [[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0]]  # 6 nodes: verify width 7
@@ -271,7 +271,7 @@ def test_a_batched_result_has_finite_step_costs_at_b(tiny, batch_size, options, 
 def test_a_batch_curve_carries_the_step_costs_at_each_b(tiny):
     static, _ = tiny
     results = [_run(_case(b), static) for b in (1, 2)]  # n-gram, from the case
-    (curve,) = batch_run.curves(results)
+    (curve,) = batch.curves(results)
     assert [p["batch_size"] for p in curve["points"]] == [1, 2]
     for point, result in zip(curve["points"], results):
         assert point["verify_cost_ratio"] == result["metrics"]["verify_cost_ratio"]
@@ -282,7 +282,7 @@ def test_a_batch_curve_carries_the_step_costs_at_each_b(tiny):
 def test_scripted_step_costs_flow_into_the_batch_result(tiny, monkeypatch):
     static, heads = tiny
     fixed = StepCosts(t1_s=0.010, verify_s=0.015, draft_s=0.002, verify_width=4, reps=10, batch_size=3)
-    monkeypatch.setattr(batch_run, "measure_step_costs", lambda target, proposer, prompts: fixed)
+    monkeypatch.setattr(batch, "measure_step_costs", lambda target, proposer, prompts: fixed)
     result = _run(_case(3), static, _draft_model(static))
     metrics, (record,) = result["metrics"], result["repeats"]
     assert (record["t1_s"], record["verify_s"], record["draft_s"], record["verify_width"]) == (0.010, 0.015, 0.002, 4)
@@ -304,7 +304,7 @@ def test_measuring_leaves_the_runs_tokens_and_counters_unchanged(tiny, monkeypat
     static, heads = tiny
     measured = _run(_case(3, repeats=2), static, proposer_for(static, heads))
     fixed = StepCosts(t1_s=0.01, verify_s=0.01, draft_s=0.0, verify_width=1, reps=1, batch_size=3)
-    monkeypatch.setattr(batch_run, "measure_step_costs", lambda target, proposer, prompts: fixed)
+    monkeypatch.setattr(batch, "measure_step_costs", lambda target, proposer, prompts: fixed)
     unmeasured = _run(_case(3, repeats=2), static, proposer_for(static, heads))
     assert [{k: r[k] for k in PER_REQUEST} for r in measured["requests"]] == [
         {k: r[k] for k in PER_REQUEST} for r in unmeasured["requests"]]

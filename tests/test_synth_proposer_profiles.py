@@ -11,7 +11,7 @@ import math
 import pytest
 import torch
 
-from specbench.case_requirements import expand_ref, missing_checkpoint
+from specbench.cases.requirements import expand_ref, missing_checkpoint
 from specbench.cases import find_case
 from specbench.checkpoints.resolve import load_target_model
 from specbench.cli import main

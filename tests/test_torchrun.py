@@ -78,7 +78,7 @@ def torchrun(argv: list[str], tmp_path: Path, *, script: str | None = None) -> t
 @pytest.fixture(scope="module")
 def tp1() -> dict:
     """The same case at tensor_parallel = 1, in this process, on one core (as each rank gets)."""
-    from specbench.harness import run_case
+    from specbench.run.harness import run_case
     from test_tp_cases import chain_case, one_thread
 
     with one_thread():
@@ -138,12 +138,12 @@ def test_a_failing_rank_ends_torchrun_non_zero_with_its_error_and_leaves_no_proc
 
 
 if __name__ == "__main__":  # one of torchrun's ranks in the failure test
-    import specbench.tp_run
+    import specbench.run.tensor_parallel
     from specbench.cli import main
 
     if os.environ.get("RANK") == "1":
         def broken_proposer(case, target):  # after the group is up and the sharded target loaded
             raise ValueError(BROKEN)
 
-        specbench.tp_run.build_proposer = broken_proposer
+        specbench.run.tensor_parallel.build_proposer = broken_proposer
     sys.exit(main(sys.argv[1:]))

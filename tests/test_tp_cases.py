@@ -15,8 +15,8 @@ import torch
 from specbench.cases import Case, find_case, with_overrides
 from specbench.cli import main
 from specbench.distributed import TensorParallelCaseError
-from specbench.harness import run_case
-from specbench.tp_run import case_on_rank, run_tensor_parallel_case
+from specbench.run.harness import run_case
+from specbench.run.tensor_parallel import case_on_rank, run_tensor_parallel_case
 from test_tensor_parallel import _descendants
 
 SETTINGS = {"engine": "static", "num_prompts": 3, "max_new_tokens": 24}  # medusa/chain-k3: K=3 on gsm8k-tiny

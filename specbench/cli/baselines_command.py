@@ -91,7 +91,7 @@ def cmd_baselines_migrate(args: argparse.Namespace) -> int:
     """Rewrite every baseline file of an older schema at the current one (atomically), printing what changed."""
     import json
 
-    from specbench.atomic_write import write_text_atomic
+    from specbench.io.atomic_write import write_text_atomic
     from specbench.gating.baselines import BaselineStore, format_baseline_file, validate_baseline_file
     from specbench.gating.migrate import SCHEMA_VERSION, migrate
 

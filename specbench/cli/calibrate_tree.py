@@ -17,7 +17,7 @@ COUNT = argument_type("num_prompts")  # the case rule for "an integer >= 1", for
 
 def calibrate_for_checkpoint(case: Case, *, num_nodes: int, top_k: int = 10, progress: bool = True) -> tuple[list, dict]:
     """(tree paths, metadata) for the Medusa heads ``case.proposer["path"]`` on ``case.target``."""
-    from specbench.harness import load_prompt_ids, load_target  # here: `specbench --help` loads no torch
+    from specbench.run.harness import load_prompt_ids, load_target  # here: `specbench --help` loads no torch
     from specbench.medusa.checkpoint import load_medusa_heads
     from specbench.medusa.training import collect_self_distillation, head_topk_accuracy
     from specbench.medusa.tree_calibration import calibrate_tree, expected_acceptance_length, rank_accuracies

@@ -244,8 +244,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
         trees.close()
     print_comparison(comparison, verbose=args.verbose)
     if args.output:
-        from specbench import strict_json
-        from specbench.atomic_write import write_text_atomic
+        from specbench.io import strict_json
+        from specbench.io.atomic_write import write_text_atomic
 
         write_text_atomic(args.output, strict_json.dumps(comparison_json(comparison)) + "\n")
         print(f"wrote {args.output}")

@@ -14,7 +14,7 @@ def first_line(err: BaseException) -> str:
 def damaged_file(case: Case) -> str | None:
     """The first file of the case's model directories (target, proposer checkpoint) that does not parse, with
     the reason: the libraries that read them (transformers, tokenizers) say what is wrong but not where."""
-    from specbench.case_requirements import expand_ref
+    from specbench.cases.requirements import expand_ref
     from specbench.checkpoints.resolve import resolve_model_dir
     from specbench.checkpoints.tensor_files import CheckpointError, check_safetensors_file
 

@@ -10,11 +10,11 @@ import os
 import shlex
 import sys
 
-from specbench.case_requirements import hardware_shortfall
+from specbench.cases.requirements import hardware_shortfall
 from specbench.cases import OVERRIDABLE, Case, find_case, with_overrides
 from specbench.cli.errors import load_error
 from specbench.gating.launch_bound import LAUNCH_BOUND_NOTE, launch_bound
-from specbench.speed import PREDICTION_TOLERANCE
+from specbench.run.speed import PREDICTION_TOLERANCE
 
 from specbench.cli.explicit_case import (  # noqa: F401 - the reference names are specbench.cli's too
     EXPLICIT_FLAGS, REFERENCE_MEDUSA, REFERENCE_TARGET, REFERENCE_TREE, _explicit_case, flag as _flag,
@@ -117,7 +117,7 @@ def _run_one(case: Case, progress: bool, **loaded) -> dict:
     ``target`` and ``tokenizer``, when already loaded."""
     from safetensors import SafetensorError
 
-    from specbench.harness import case_fault, fault_line, free_device_memory, run_case
+    from specbench.run.harness import case_fault, fault_line, free_device_memory, run_case
 
     try:
         return run_case(case, progress=progress, **loaded).to_dict()
@@ -224,7 +224,7 @@ def results_table(results: list[dict], reports: list) -> str:
 
 
 def curve_table(curve: dict) -> str:
-    """A batch-size curve (batch_run.curves) as a table: per batch size, throughput, batch speedup, acceptance."""
+    """A batch-size curve (run.batch.curves) as a table: per batch size, throughput, batch speedup, acceptance."""
     header = ["B", "throughput tok/s", "plain tok/s", "batch speedup", "accept", "MAL"]
     rows = [[str(p["batch_size"]), _fmt(p["throughput_tokens_per_s"], 1), _fmt(p["plain_throughput_tokens_per_s"], 1),
              _fmt(p["batch_speedup"], 2) + "x", _fmt(p["acceptance_rate"]), _fmt(p["mean_acceptance_length"], 2)]
@@ -292,7 +292,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     """``specbench run``. Under torchrun (docs/tensor_parallel.md) every rank runs this; a rank that fails on
     its share of a case says so (naming the rank) and exits 1, and torchrun stops the other ranks."""
     from specbench.distributed import TorchrunRankFailed, teardown
-    from specbench.tp_run import under_torchrun
+    from specbench.run.tensor_parallel import under_torchrun
 
     from specbench.cpu_threads import apply_policy
 
@@ -315,9 +315,9 @@ def cmd_run(args: argparse.Namespace) -> int:
 def _run_and_report(args: argparse.Namespace, cpu_note: str | None = None) -> int:
     """Run the cases, print the table and the gate lines (and ``cpu_note``: a shared or oversubscribed CPU),
     write --output, the history or the baselines."""
-    from specbench.batch_run import curves
+    from specbench.run.batch import curves
     from specbench.gating.baselines import BaselineStore
-    from specbench.harness import to_json, write_json_atomic
+    from specbench.run.harness import to_json, write_json_atomic
 
     cases, changed = _cases_to_run(args)
     entries = _run_cases(_runnable(cases, args.verbose), args.quiet)  # results, and error entries of faulted cases

@@ -77,10 +77,10 @@ def best_lines(best: list[dict]) -> list[str]:
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from specbench.batch_run import grid_cases, sweep_point, sweep_report
+    from specbench.run.batch import grid_cases, sweep_point, sweep_report
     from specbench.cli.run_command import _lossless_cell, _run_one, exit_status, lossless_report
     from specbench.env import environment_fingerprint
-    from specbench.harness import load_target, to_json, write_json_atomic
+    from specbench.run.harness import load_target, to_json, write_json_atomic
 
     base, swept = _sweep_base(args.spec)
     overrides = {key: getattr(args, key) for key in SWEEP_OVERRIDES}

@@ -1,6 +1,7 @@
 """EAGLE-1/EAGLE-2 draft heads to and from the published directory layout (config.json + pytorch_model.bin or
 model.safetensors), read strictly: every refusal is one EagleCheckpointError naming the file, the key and the fix
-(docs/eagle.md#errors)."""
+(docs/eagle.md#errors). The readers, checks and errors the EAGLE-3 layouts share (checkpoint3.py and
+layout_speculators.py) are here too."""
 
 from __future__ import annotations
 
@@ -35,6 +36,10 @@ Loaded = TypeVar("Loaded")
 
 class EagleCheckpointError(CheckpointError):
     """An EAGLE draft-head directory that does not describe a head this loader can build for the target."""
+
+
+class Eagle3CheckpointError(EagleCheckpointError):
+    """An EAGLE-3 draft-head directory that does not describe a head this loader can build for the target."""
 
 
 # ---------------------------------------------------------------- config.json
@@ -117,6 +122,14 @@ def read_eagle_config(file: Path) -> EagleConfig:
     except UnsupportedModel as error:
         raise EagleCheckpointError(f"{file}: the draft layer's rope settings are not supported ({error})") from None
     return config
+
+
+def check_aux_flag(conf: dict, prefix: str) -> None:
+    """Refuse a config whose ``eagle_config.use_aux_hidden_state`` is set and not true (``prefix`` names where)."""
+    aux = conf.get("eagle_config") or {}
+    if isinstance(aux, dict) and aux.get("use_aux_hidden_state", True) is not True:
+        raise Eagle3CheckpointError(f"{prefix}eagle_config.use_aux_hidden_state = {aux['use_aux_hidden_state']!r}; an "
+                                    "EAGLE-3 head fuses three target layers through fc")
 
 
 # ---------------------------------------------------------------- keys and shapes

@@ -13,18 +13,15 @@ import torch
 from specbench.checkpoints.resolve import resolve_model_dir
 from specbench.checkpoints.tensor_files import open_tensor_file
 from specbench.checkpoints.validate import read_json_object
-from specbench.eagle.checkpoint import (EagleCheckpointError, _find_weights_file, assign_weights, cast_finite,
-                                        check_floating, check_target_fit, config_field, read_eagle_config,
-                                        refusing_as, write_head_directory)
+from specbench.eagle import layout_speculators as speculators
+from specbench.eagle.checkpoint import (Eagle3CheckpointError, _find_weights_file, assign_weights, cast_finite,
+                                        check_aux_flag, check_floating, check_target_fit, config_field,
+                                        read_eagle_config, refusing_as, write_head_directory)
 from specbench.eagle.eagle3 import NUM_AUX_LAYERS, Eagle3Config, Eagle3Head, eagle3_aux_layers
 
 VOCAB_MAP_KEYS = ("d2t", "t2d")
 LAYOUTS = ("safeailab", "speculators")
 _REDO = "re-download the EAGLE-3 draft head or re-export it"
-
-
-class Eagle3CheckpointError(EagleCheckpointError):
-    """An EAGLE-3 draft-head directory that does not describe a head this loader can build for the target."""
 
 
 def read_eagle3_config(file: Path) -> Eagle3Config:
@@ -53,14 +50,6 @@ def read_eagle3_config(file: Path) -> Eagle3Config:
     return Eagle3Config.from_eagle(base, draft_vocab, config_field(raw, "norm_before_residual", f"{file}: ", bool, False))
 
 
-def check_aux_flag(conf: dict, prefix: str) -> None:
-    """Refuse a config whose ``eagle_config.use_aux_hidden_state`` is set and not true (``prefix`` names where)."""
-    aux = conf.get("eagle_config") or {}
-    if isinstance(aux, dict) and aux.get("use_aux_hidden_state", True) is not True:
-        raise Eagle3CheckpointError(f"{prefix}eagle_config.use_aux_hidden_state = {aux['use_aux_hidden_state']!r}; an "
-                                    "EAGLE-3 head fuses three target layers through fc")
-
-
 def expected_shapes3(config: Eagle3Config, layout: str = "safeailab") -> dict[str, tuple[int, ...]]:
     """Every float key an EAGLE-3 weights file of ``layout`` must hold, with its shape (``d2t``/``t2d`` and the
     speculators layout's optional ``embed_tokens.weight`` are checked apart)."""
@@ -83,9 +72,7 @@ def expected_shapes3(config: Eagle3Config, layout: str = "safeailab") -> dict[st
     }
     if layout == "safeailab":
         return shapes
-    from specbench.eagle.layout_speculators import to_file_key
-
-    return {to_file_key(key): shape for key, shape in shapes.items()}
+    return {speculators.to_file_key(key): shape for key, shape in shapes.items()}
 
 
 def _optional_keys(layout: str) -> set[str]:
@@ -205,8 +192,6 @@ def load_eagle3_head(
 
 def _load(directory: Path, target_hidden_size: int, target_vocab_size: int, dtype, device,
           target_num_layers: int | None = None) -> Eagle3Head:
-    from specbench.eagle import layout_speculators as speculators  # lazily: it imports this module
-
     config_file = directory / "config.json"
     if not config_file.is_file():
         raise Eagle3CheckpointError(f"{directory}: no config.json; an EAGLE-3 head ships a one-layer Llama config.json "
@@ -271,9 +256,8 @@ def save_eagle3_head(
     state = head.state_dict()
     names = {key: key for key in expected_shapes3(config)}  # file key -> head key
     if layout == "speculators":
-        from specbench.eagle.layout_speculators import speculators_config_json, to_file_key
-
-        names = {to_file_key(key): key for key in [*names, *(["embed_tokens.weight"] if head.embed_tokens is not None else [])]}
+        own_embed = ["embed_tokens.weight"] if head.embed_tokens is not None else []
+        names = {speculators.to_file_key(key): key for key in [*names, *own_embed]}
     # clone: fused q/k/v and gate/up are views of one tensor, and safetensors refuses shared storage
     tensors = {key: state[names[key]].detach().to("cpu").contiguous().clone() for key in sorted(names)}
     if with_vocab_map:
@@ -282,7 +266,7 @@ def save_eagle3_head(
     dtype = str(tensors["fc.weight"].dtype).removeprefix("torch.")
     if layout == "speculators":
         aux = list(eagle3_aux_layers(target_num_layers)) if target_num_layers is not None else None
-        raw = speculators_config_json(config, dtype=dtype, aux_layers=aux, verifier=verifier)
+        raw = speculators.speculators_config_json(config, dtype=dtype, aux_layers=aux, verifier=verifier)
     else:
         raw = {**config.to_json(), "torch_dtype": dtype}
     return write_head_directory(out_dir, raw, tensors, format)

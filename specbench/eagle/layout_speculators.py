@@ -5,8 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from specbench.eagle.checkpoint import _rope, config_field
-from specbench.eagle.checkpoint3 import Eagle3CheckpointError, check_aux_flag
+from specbench.eagle.checkpoint import Eagle3CheckpointError, _rope, check_aux_flag, config_field
 from specbench.eagle.eagle3 import NUM_AUX_LAYERS, Eagle3Config, eagle3_aux_layers
 from specbench.engine.static_llama import UnsupportedModel
 

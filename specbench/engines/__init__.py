@@ -1,7 +1,7 @@
 """Engines under test: external inference engines (vLLM first) that run a case behind one interface
 (``specbench.engines.interface``) and return specbench's result shape, with a conformance verdict against
-specbench's own engine (docs/conformance.md). Adding an engine is one module, ``<name>_engine.py``, and its name in
-``cases.ENGINES_UNDER_TEST``."""
+specbench's own engine (docs/conformance.md); specbench/run/external.py runs a case on them. Adding an engine is one
+module, ``<name>_engine.py``, and its name in ``cases.ENGINES_UNDER_TEST``."""
 
 from __future__ import annotations
 

@@ -6,7 +6,7 @@ token (docs/conformance.md#verdict)."""
 from __future__ import annotations
 
 from specbench.engines.interface import EngineRun
-from specbench.run_parts import _common_prefix
+from specbench.metrics import common_prefix
 
 COUNTERS = ("num_drafts", "num_draft_tokens", "num_accepted_tokens", "accepted_per_position")
 SHOWN = 5  # differences spelled out in the verdict's reason; all of them are in the result
@@ -22,7 +22,7 @@ def _first_divergence(ours: list[int], theirs: list[int]) -> dict | None:
     """Where two outputs part: the position and each side's token there (None: identical)."""
     if ours == theirs:
         return None
-    at = _common_prefix(ours, theirs)
+    at = common_prefix(ours, theirs)
     token = lambda ids: ids[at] if at < len(ids) else None  # noqa: E731 - None: that output ended there
     return {"position": at, "engine": token(ours), "reference": token(theirs)}
 

@@ -12,7 +12,7 @@ import sys
 from importlib import metadata
 from pathlib import Path
 
-from specbench.case_requirements import expand_ref
+from specbench.cases.requirements import expand_ref
 from specbench.cases import Case
 from specbench.engines import vllm_driver
 from specbench.engines.interface import EngineRefused, EngineRun, EngineUnavailable, RequestRun, Translation

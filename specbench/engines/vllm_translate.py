@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from specbench.case_requirements import expand_ref
+from specbench.cases.requirements import expand_ref
 from specbench.cases import Case
 from specbench.engines.interface import EngineRefused, KnownDivergence, Translation
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from specbench import strict_json
-from specbench.atomic_write import write_text_atomic
+from specbench.io import strict_json
+from specbench.io.atomic_write import write_text_atomic
 from specbench.gating.ab_runs import ABRefused
 from specbench.gating.worktrees import Tree, git
 

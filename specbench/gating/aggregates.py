@@ -16,7 +16,7 @@ _REL_TOLERANCE = 1e-6  # the same floats recomputed agree to the last bit; this 
 
 def recomputed(result: dict) -> dict | None:
     """RECOMPUTED from the counters of the result's first repeat (every repeat decodes the same tokens, so the
-    harness pools the first: specbench/case_loop.py); None when its requests do not carry the counters."""
+    harness pools the first: specbench/run/sequence.py); None when its requests do not carry the counters."""
     requests = result.get("requests")
     if not isinstance(requests, list) or not requests:
         return None

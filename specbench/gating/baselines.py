@@ -35,7 +35,7 @@ import os
 import re
 from pathlib import Path
 
-from specbench import strict_json
+from specbench.io import strict_json
 from specbench.gating.intervals import DEFAULT_CONFIDENCE, DEFAULT_NUM_RESAMPLES
 from specbench.gating.gates import QUALITY_METRICS, SPEED_METRICS, GateReport, compare_entry, resolve_tolerances
 from specbench.gating.migrate import SCHEMA_VERSION, migrate

@@ -3,7 +3,7 @@ concurrent writers (pytest-xdist workers, CI jobs) and read back as one pandas D
 
 Each writer process appends to its own ``records-<random id>.jsonl`` (the id is a fresh uuid4 per process,
 so it names no host and survives fork), one whole line per ``os.write`` on an ``O_APPEND`` descriptor under
-an exclusive lock on ``records-<id>.jsonl.lock`` (:func:`specbench.file_lock.locked`): the lock serialises
+an exclusive lock on ``records-<id>.jsonl.lock`` (:func:`specbench.io.file_lock.locked`): the lock serialises
 threads of one process and any writers sharing one file, the file per process means a writer killed mid-line
 can only truncate its own last line, which :func:`load_history` skips with a warning.
 Appends cannot use the project's temp-file + ``os.replace`` rule: that would rewrite the whole file per run
@@ -30,12 +30,12 @@ import warnings
 from datetime import datetime, timezone
 from pathlib import Path
 
-from specbench.file_lock import locked, signals_held
+from specbench.io.file_lock import locked, signals_held
 from specbench.gating.baselines import QUALITY_REQUEST_FIELDS, SPEED_REQUEST_FIELDS
-from specbench.strict_json import json_safe
+from specbench.io.strict_json import json_safe
 from specbench.gating.intervals import per_token_latency
 from specbench.gating.gates import QUALITY_METRICS, SPEED_METRICS
-from specbench.jsonl import describe_json_error
+from specbench.io.jsonl import describe_json_error
 from specbench.metrics import METRIC_NAMES
 
 HISTORY_SCHEMA = 1

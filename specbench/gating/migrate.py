@@ -9,7 +9,7 @@ a schema-1 file held changes, so every verdict on the old metrics stays the same
 
 Schema 3 adds ``step_latency_s``, T(1) (the median over repeats of one synchronised plain verify), to every
 speed section. Schema-2 files recorded T(1) in each repeat record (``t1_s``), so it is computed from them, as a
-run computes it (specbench.speed.speed_over_repeats); a section without repeats gets null.
+run computes it (specbench.run.speed.speed_over_repeats); a section without repeats gets null.
 
 Schema 4 adds the batch-point metrics ``batch_speedup`` and ``throughput_tokens_per_s`` (docs/batching.md) to every
 speed section, as null: no stored case ran batched before, so none measured them, and the gates skip them.

@@ -7,9 +7,9 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-from specbench import strict_json
-from specbench.atomic_write import write_text_atomic
-from specbench.file_lock import locked
+from specbench.io import strict_json
+from specbench.io.atomic_write import write_text_atomic
+from specbench.io.file_lock import locked
 from specbench.gating.baselines import (
     FLOAT_SIGNIFICANT_DIGITS, QUALITY_REQUEST_FIELDS, SCHEMA_VERSION, SPEED_REQUEST_FIELDS, BaselineError,
     BaselineRefused, as_result_dict, as_store, case_changes, format_baseline_file, result_case_id, split_case_id,

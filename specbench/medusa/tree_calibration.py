@@ -15,7 +15,7 @@ from typing import Sequence
 
 import torch
 
-from specbench.atomic_write import write_text_atomic
+from specbench.io.atomic_write import write_text_atomic
 from specbench.engine.tree import TreeBuffers
 
 

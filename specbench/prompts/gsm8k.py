@@ -8,7 +8,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from specbench.jsonl import decode_text, iter_json_lines, non_blank_line_numbers
+from specbench.io.jsonl import decode_text, iter_json_lines, non_blank_line_numbers
 from specbench.prompts import sources
 from specbench.prompts.records import DatasetUnavailable, Prompt, PromptSet
 

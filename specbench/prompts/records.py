@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from specbench.jsonl import iter_json_records
+from specbench.io.jsonl import iter_json_records
 
 
 class DatasetUnavailable(RuntimeError):

@@ -18,7 +18,7 @@ try:
 except ImportError:  # a GPU box may lack it (the lent H200 does): local files are still read, as plain JSON
     datasets = None
 
-from specbench.jsonl import iter_json_records
+from specbench.io.jsonl import iter_json_records
 from specbench.references import DATA_DIR_ENV, data_dir
 
 

@@ -3,7 +3,7 @@ read from the local data directory; the first turn of each question."""
 
 from __future__ import annotations
 
-from specbench.jsonl import non_blank_line_numbers
+from specbench.io.jsonl import non_blank_line_numbers
 from specbench.prompts import sources
 from specbench.prompts.records import DatasetUnavailable, Prompt, PromptSet
 

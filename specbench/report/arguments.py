@@ -1,5 +1,5 @@
 """The ``specbench report`` and ``specbench check`` command lines, light to import (the commands themselves, in
-specbench/report/cli.py, load the stores, numpy and pandas only when they run)."""
+specbench/report/cli.py, load the stores, numpy and pandas only when they run); :func:`main` runs them alone."""
 
 from __future__ import annotations
 
@@ -79,3 +79,15 @@ def add_report_subcommands(subparsers) -> None:
     check.add_argument("-v", "--verbose", action="store_true", help="every check of every case (default: a line "
                        "per case, its regressions, failures and improvements, and one line per kind of skipped check)")
     check.set_defaults(func=_guarded("cmd_check"))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``report`` and ``check`` alone (what ``specbench report|check`` runs)."""
+    parser = argparse.ArgumentParser(prog="specbench")
+    add_report_subcommands(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,6 +1,6 @@
 """``specbench report`` (dashboard, CI summary, JSON) and ``specbench check`` (gate stored results outside
 pytest, optionally recording them in the history). ``specbench.cli`` registers both through
-specbench/report/arguments.py (light to import: `specbench --help` loads none of this); :func:`main` runs them
+specbench/report/arguments.py (light to import: `specbench --help` loads none of this), whose ``main`` runs them
 alone.
 """
 
@@ -12,7 +12,7 @@ import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
-from specbench.atomic_write import write_text_atomic
+from specbench.io.atomic_write import write_text_atomic
 from specbench.gating.aggregates import contradictions
 from specbench.gating.baselines import BaselineError, BaselineStore, compare, default_baselines_dir
 from specbench.gating.history import (
@@ -22,7 +22,6 @@ from specbench.gating.history import (
     load_history,
     result_from_row,
 )
-from specbench.report.arguments import CHECK_EPILOG, REPORT_EPILOG, add_report_subcommands, one_line  # noqa: F401
 from specbench.report.status import plural
 
 def load_results(paths: list[str]) -> list[tuple[str, dict]]:
@@ -219,14 +218,3 @@ def _emit(text: str, out: str | None, name: str) -> int:
     print(f"wrote {path}", file=sys.stderr)
     return 0
 
-
-def main(argv: list[str] | None = None) -> int:
-    """``report`` and ``check`` alone (what ``specbench report|check`` runs)."""
-    parser = argparse.ArgumentParser(prog="specbench")
-    add_report_subcommands(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(argv)
-    return args.func(args)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescape
 
-from specbench.atomic_write import write_text_atomic
+from specbench.io.atomic_write import write_text_atomic
 from specbench.gating.gates import DIRECTIONS, HIGHER_IS_BETTER
 from specbench.gating.launch_bound import LAUNCH_BOUND_METRICS, LAUNCH_BOUND_NOTE, LAUNCH_BOUND_WORDS, launch_bound
 from specbench.report.changes import WINDOW, Regression

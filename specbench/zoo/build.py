@@ -15,38 +15,34 @@ import tempfile
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoTokenizer
 
 from specbench.medusa.checkpoint import load_medusa_heads, save_medusa_heads
 from specbench.env import environment_fingerprint
-from specbench.harness import DTYPES
+from specbench.run.harness import DTYPES
 from specbench.medusa.heads import MedusaHeads, MedusaHeadsConfig
 from specbench.medusa.training import head_topk_accuracy, train_medusa_heads
 from specbench.medusa.tree_calibration import calibrate_tree, expected_acceptance_length, rank_accuracies, save_tree_json
 from specbench.zoo.acceptance import measure_medusa_acceptance
 from specbench.zoo.build_record import (
-    CUDA_QUALITY_TOLERANCE, RECORD_SCHEMA_VERSION, REPRODUCED_METRICS, StageTimer, directory_bytes, library_versions,
-    loss_summary, write_record,
+    CUDA_QUALITY_TOLERANCE, MAX_TOTAL_BYTES, PARTS, RECORD_SCHEMA_VERSION, REPRODUCED_METRICS, StageTimer,
+    directory_bytes, library_versions, loss_summary, write_record,
 )
-from specbench.zoo.config import ZooBuildConfig
+from specbench.zoo.config import SEED_OFFSETS, ZooBuildConfig
 from specbench.zoo.eagle_stage import (
     EAGLE_REPRODUCED_METRICS, EAGLE_SEED_OFFSETS, HEAD_DIRS, EagleStageConfig, StageInputs, eagle_checks, eagle_family,
 )
 from specbench.zoo.eagle_stage import SCALES as EAGLE_SCALES
 from specbench.prompts.gsm8k import read_split
-from specbench.zoo.corpus import document_text, prompt_text
-from specbench.zoo.lm_training import build_llama, evaluate_lm, train_causal_lm
+from specbench.zoo.corpus import document_text, partition_records, prompt_ids
+from specbench.zoo.lm_training import build_llama, evaluate_lm, load_lm, train_causal_lm
 from specbench.zoo.registry import make_readable
-from specbench.zoo.self_distillation import answer_prefix_prompts, collect_continuations, continuation_documents
+from specbench.zoo.self_distillation import collect_continuations, continuation_documents, distillation_prompts
 from specbench.zoo.tokenizer import encode_documents, train_tokenizer
 
 TARGET_REF = "specbench-ref/gsm8k-tiny"  # written into the Medusa config as base_model_name_or_path
-MAX_TOTAL_BYTES = 50_000_000  # the zoo ships inside the package and travels with it to GPU machines (issue #14: 50 MB)
 PROMPT_FORMAT = "zero-shot: 'Question: <question>\\nAnswer:' (specbench.prompts.format_gsm8k_prompt, no exemplars)"
-# offsets from the build seed, one per random stream, so changing one stage never shifts another
-_SEED_OFFSETS = {"target_init": 0, "target_data": 1, "heads_init": 2, "heads_data": 3, "prefix_cuts": 4, "draft_init": 5,
-                 "draft_data": 6, **EAGLE_SEED_OFFSETS}
-PARTS = ("target", "medusa", "draft", "trees")  # what the Medusa and draft stages ship; HEAD_DIRS follow
+_SEED_OFFSETS = {**SEED_OFFSETS, **EAGLE_SEED_OFFSETS}  # every random stream of the build, the EAGLE stage's last
 
 
 class BuildExists(FileExistsError, ValueError):
@@ -56,36 +52,6 @@ class BuildExists(FileExistsError, ValueError):
 def _save_lm(model, tokenizer, directory: Path, dtype: str) -> None:
     model.to(DTYPES[dtype]).save_pretrained(directory, safe_serialization=True)
     tokenizer.save_pretrained(directory)
-
-
-def _load_lm(directory: Path, device: torch.device):
-    """The shipped weights, read back in fp32: every measurement is of what users will load."""
-    model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32, local_files_only=True)
-    return model.to(device).eval()
-
-
-def _prompt_ids(tokenizer, questions: list[str]) -> list[list[int]]:
-    return tokenizer([prompt_text(q) for q in questions], add_special_tokens=False)["input_ids"]
-
-
-def partition_records(records: list[dict], num_heldout: int, num_distill_only: int) -> tuple[list, list, list]:
-    """(train, distill, held-out) records: the target trains on the first; the second (the records just before
-    the held-out ones, else the training ones) prompts the self-distillation; the last ``num_heldout`` are held out."""
-    cut = len(records) - num_heldout - num_distill_only
-    # questions the target never trains on: continuations of them look like test-time ones
-    return records[:cut], records[cut:-num_heldout] or records[:cut], records[-num_heldout:]
-
-
-def distillation_prompts(tokenizer, distill_records: list[dict], num_answer_prefix_prompts: int, seed: int,
-                         max_length: int) -> tuple[list[list[int]], list[list[int]]]:
-    """The self-distillation prompts: one zero-shot prompt per distillation question, then the question + a
-    seeded cut of its reference answer (``seed``: the build's prefix_cuts stream). The EAGLE stage regenerates
-    exactly these from a build's record."""
-    questions = _prompt_ids(tokenizer, [r["question"] for r in distill_records])
-    documents = encode_documents(tokenizer, [document_text(r) for r in distill_records])
-    prefixes = answer_prefix_prompts(documents, [len(p) for p in questions], num_answer_prefix_prompts, seed,
-                                     max_length=max_length)
-    return questions, prefixes
 
 
 def _checks(config: ZooBuildConfig, acceptance: dict, total_bytes: int, largest_tree: str) -> dict[str, bool]:
@@ -126,7 +92,7 @@ def _run_pipeline(staging: Path, config: ZooBuildConfig, eagle_config: EagleStag
         target = build_llama(config.target, len(tokenizer), config.max_context, tokenizer.eos_token_id, tokenizer.pad_token_id, seeds["target_init"])
         target_losses = train_causal_lm(target, train_docs, config.target_training, seed=seeds["target_data"], device=device, desc="target", progress=progress)
         _save_lm(target, tokenizer, staging / "target", config.weights_dtype)
-        target = _load_lm(staging / "target", device)
+        target = load_lm(staging / "target", device)
         tokenizer = AutoTokenizer.from_pretrained(staging / "target")
         target_heldout = evaluate_lm(target, heldout_docs, seq_len=config.target_training.seq_len)
 
@@ -135,7 +101,7 @@ def _run_pipeline(staging: Path, config: ZooBuildConfig, eagle_config: EagleStag
             tokenizer, distill_records, config.num_answer_prefix_prompts, seeds["prefix_cuts"],
             max_length=config.target_training.seq_len - config.distill_max_new_tokens)
         distill_prompts = question_prompts + prefix_prompts
-        heldout_prompts = _prompt_ids(tokenizer, [r["question"] for r in heldout_records])
+        heldout_prompts = prompt_ids(tokenizer, [r["question"] for r in heldout_records])
         collect = dict(batch_size=config.distill_batch_size, progress=progress)
         hidden, tokens = collect_continuations(target, distill_prompts, config.distill_max_new_tokens, **collect)
         heldout_hidden, heldout_tokens = collect_continuations(target, heldout_prompts, config.distill_max_new_tokens, **collect)
@@ -170,7 +136,7 @@ def _run_pipeline(staging: Path, config: ZooBuildConfig, eagle_config: EagleStag
             trees[str(size)] = {"name": tree_name, "paths": paths, "num_nodes": len(paths), "expected_mean_acceptance_length": expected}
 
     with timer.stage("acceptance"):
-        eval_prompts = _prompt_ids(tokenizer, [r["question"] for r in test_split.records[: config.eval_num_prompts]])
+        eval_prompts = prompt_ids(tokenizer, [r["question"] for r in test_split.records[: config.eval_num_prompts]])
         settings = {f"chain_k{config.eval_chain_k}": {"num_speculative_tokens": config.eval_chain_k}}
         settings.update({f"tree_{size}": {"tree": tree["paths"]} for size, tree in trees.items()})
         acceptance = measure_medusa_acceptance(target, heads, eval_prompts, settings, max_new_tokens=config.eval_max_new_tokens,
@@ -182,7 +148,7 @@ def _run_pipeline(staging: Path, config: ZooBuildConfig, eagle_config: EagleStag
         draft = build_llama(config.draft, len(tokenizer), config.max_context, tokenizer.eos_token_id, tokenizer.pad_token_id, seeds["draft_init"])
         draft_losses = train_causal_lm(draft, draft_docs, config.draft_training, seed=seeds["draft_data"], device=device, desc="draft", progress=progress)
         _save_lm(draft, tokenizer, staging / "draft", config.weights_dtype)
-        draft = _load_lm(staging / "draft", device)
+        draft = load_lm(staging / "draft", device)
         # teacher-forced top-1 agreement with the target's own greedy tokens: what a draft chain needs
         draft_agreement = evaluate_lm(draft, heldout_continuations, seq_len=config.draft_training.seq_len, score_from=heldout_starts)
 

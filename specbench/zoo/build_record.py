@@ -15,8 +15,8 @@ from contextlib import contextmanager
 from importlib import metadata
 from pathlib import Path
 
-from specbench import strict_json
-from specbench.atomic_write import write_text_atomic
+from specbench.io import strict_json
+from specbench.io.atomic_write import write_text_atomic
 from specbench.gating.gates import DEFAULT_TOLERANCES
 
 RECORD_FILE = "build_record.json"
@@ -27,6 +27,8 @@ RECORD_KEYS = (
     "tokenizer", "target", "medusa", "trees", "acceptance", "draft", "sizes_bytes", "checks", "passed",
     "wall_time_s",
 )
+PARTS = ("target", "medusa", "draft", "trees")  # what the Medusa and draft stages ship; the EAGLE stage's HEAD_DIRS follow
+MAX_TOTAL_BYTES = 50_000_000  # the zoo ships inside the package and travels with it to GPU machines (issue #14: 50 MB)
 _LIBRARIES = ("torch", "transformers", "tokenizers", "safetensors", "tqdm", "specbench")
 LOSS_CURVE_POINTS = 100
 

@@ -139,6 +139,12 @@ def cmd_compare(args: argparse.Namespace) -> int:
     return 0 if verdict["reproduced"] else 1
 
 
+def cmd_synth(args: argparse.Namespace) -> int:
+    from specbench.zoo.synth import run
+
+    return run(args)
+
+
 def cmd_list(args: argparse.Namespace) -> int:
     print(f"zoo directory: {references_root()}")
     for name in REFERENCES:
@@ -225,7 +231,7 @@ def _add_zoo_commands(parser: argparse.ArgumentParser) -> None:
     synthetic = commands.add_parser("synth", help="write a Vicuna-7B-shaped random Llama and upstream-layout Medusa heads",
                                     description=synth.__doc__)
     synth.add_arguments(synthetic)
-    synthetic.set_defaults(func=synth.run)
+    synthetic.set_defaults(func=cmd_synth)
 
 
 def add_zoo_subcommand(subparsers) -> argparse.ArgumentParser:

@@ -6,6 +6,12 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 
+# offsets from the build seed, one per random stream, so changing one stage never shifts another (the EAGLE stage's
+# continue them: zoo/eagle_stage.py's EAGLE_SEED_OFFSETS)
+SEED_OFFSETS = {"target_init": 0, "target_data": 1, "heads_init": 2, "heads_data": 3, "prefix_cuts": 4, "draft_init": 5,
+                "draft_data": 6}
+
+
 @dataclass(frozen=True)
 class LlamaShape:
     hidden_size: int

@@ -17,3 +17,16 @@ def prompt_text(question: str) -> str:
 def document_text(record: dict) -> str:
     """One training document, ``Question: <q>\\nAnswer: <a>``; the tokenizer appends EOS after it."""
     return f"{prompt_text(record['question'])} {record['answer']}"
+
+
+def prompt_ids(tokenizer, questions: list[str]) -> list[list[int]]:
+    """The zero-shot prompts of ``questions`` as token ids (no special tokens: prefixes of the training documents)."""
+    return tokenizer([prompt_text(q) for q in questions], add_special_tokens=False)["input_ids"]
+
+
+def partition_records(records: list[dict], num_heldout: int, num_distill_only: int) -> tuple[list, list, list]:
+    """(train, distill, held-out) records: the target trains on the first; the second (the records just before
+    the held-out ones, else the training ones) prompts the self-distillation; the last ``num_heldout`` are held out."""
+    cut = len(records) - num_heldout - num_distill_only
+    # questions the target never trains on: continuations of them look like test-time ones
+    return records[:cut], records[cut:-num_heldout] or records[:cut], records[-num_heldout:]

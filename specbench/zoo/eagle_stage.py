@@ -20,11 +20,16 @@ from specbench.eagle.training3 import (
     eagle3_loss, new_eagle3_head, select_draft_vocab, token_counts, train_eagle3_head, vocab_coverage,
 )
 from specbench.env import environment_fingerprint
-from specbench.harness import DTYPES
-from specbench.zoo.build_record import REPRODUCED_METRICS, StageTimer, directory_bytes, loss_summary, part_digests
+from specbench.run.harness import DTYPES
+from specbench.zoo.build_record import (MAX_TOTAL_BYTES, PARTS, REPRODUCED_METRICS, StageTimer, directory_bytes,
+                                        loss_summary, part_digests)
+from specbench.zoo.config import SEED_OFFSETS
+from specbench.zoo.corpus import partition_records, prompt_ids
 from specbench.zoo.eagle_acceptance import measure_acceptance
+from specbench.zoo.lm_training import load_lm
+from specbench.zoo.self_distillation import distillation_prompts
 
-# offsets from the build seed (specbench.zoo.build's table continues with these)
+# offsets from the build seed (they continue zoo/config.py's SEED_OFFSETS)
 EAGLE_SEED_OFFSETS = {"eagle_data": 7, "eagle_init": 8, "eagle3_init": 9}
 HEAD_DIRS = ("eagle", "eagle3")
 
@@ -253,8 +258,6 @@ class EagleHeadsExist(FileExistsError, ValueError):
 
 def with_eagle(record: dict, section: dict, config: EagleStageConfig, build: Path, max_total_bytes: int) -> dict:
     """The build record with its ``eagle`` section, sizes, checks and reproducibility metrics brought up to date."""
-    from specbench.zoo.build import PARTS  # here: build imports this module
-
     new = {**record, "eagle": section}
     sizes = {part: directory_bytes(build / part) for part in PARTS} | section["sizes_bytes"]
     new["sizes_bytes"] = {**sizes, "total": sum(sizes.values())}
@@ -273,7 +276,6 @@ def with_eagle(record: dict, section: dict, config: EagleStageConfig, build: Pat
 
 def stage_inputs_for_build(build: Path, record: dict, config: EagleStageConfig, data_dir, device) -> StageInputs:
     """The build's target (fp32) and its prompts, regenerated from its record exactly as the build formed them."""
-    from specbench.zoo.build import _SEED_OFFSETS, _load_lm, _prompt_ids, distillation_prompts, partition_records
     from specbench.prompts.gsm8k import read_split
     from transformers import AutoTokenizer
 
@@ -286,12 +288,12 @@ def stage_inputs_for_build(build: Path, record: dict, config: EagleStageConfig, 
     records = train_split.records[: cfg["num_train_records"]]
     _, distill, heldout = partition_records(records, cfg["num_heldout"], cfg["num_distill_only_records"])
     tokenizer = AutoTokenizer.from_pretrained(build / "target")
-    questions, prefixes = distillation_prompts(tokenizer, distill, cfg["num_answer_prefix_prompts"], seed + _SEED_OFFSETS["prefix_cuts"],
+    questions, prefixes = distillation_prompts(tokenizer, distill, cfg["num_answer_prefix_prompts"], seed + SEED_OFFSETS["prefix_cuts"],
                                                max_length=cfg["target_training"]["seq_len"] - cfg["distill_max_new_tokens"])
     return StageInputs(
-        model=_load_lm(build / "target", torch.device(device)), question_prompts=questions, answer_prefix_prompts=prefixes,
-        heldout_prompts=_prompt_ids(tokenizer, [r["question"] for r in heldout]),
-        eval_prompts=_prompt_ids(tokenizer, [r["question"] for r in test_split.records[: cfg["eval_num_prompts"]]]),
+        model=load_lm(build / "target", torch.device(device)), question_prompts=questions, answer_prefix_prompts=prefixes,
+        heldout_prompts=prompt_ids(tokenizer, [r["question"] for r in heldout]),
+        eval_prompts=prompt_ids(tokenizer, [r["question"] for r in test_split.records[: cfg["eval_num_prompts"]]]),
         tree=build / "trees" / f"{record['name']}-{config.tree_size}.json", weights_dtype=cfg["weights_dtype"],
         max_new_tokens=cfg["distill_max_new_tokens"], eval_max_new_tokens=cfg["eval_max_new_tokens"],
     )
@@ -302,7 +304,6 @@ def add_eagle_heads(build_dir, config: EagleStageConfig | None = None, *, data_d
     """Train the EAGLE family for an existing build and commit ``eagle/``, ``eagle3/`` and its record into it;
     returns (build directory, new record). Everything is staged in a temporary directory inside the build; a
     failure leaves the build as it was. ``require_pass``: commit only when every check passes."""
-    from specbench.zoo.build import MAX_TOTAL_BYTES  # here: build imports this module
     from specbench.zoo.build_record import commit_parts, read_record
     from specbench.zoo.registry import find_build_dir, make_readable
 
@@ -336,7 +337,6 @@ def install_eagle_heads(build_dir, *, artifacts_dir=None, force: bool = False) -
     target, Medusa, draft and tree files (sha256); those are never touched. A failed record is refused unless
     ``force``. Returns the installed build."""
     from specbench.references import ARTIFACTS_DIR, BUILD_NAME
-    from specbench.zoo.build import PARTS
     from specbench.zoo.build_record import commit_parts, read_record
     from specbench.zoo.registry import find_build_dir, make_readable
 

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
 from specbench.zoo.config import LlamaShape, TrainSettings  # noqa: F401 - defined there, light to import
 
@@ -36,6 +37,12 @@ def build_llama(shape: LlamaShape, vocab_size: int, max_context: int, eos_token_
         model = LlamaForCausalLM(config)
     model.generation_config.pad_token_id = pad_token_id
     return model.float()
+
+
+def load_lm(directory: Path, device: torch.device):
+    """The shipped weights, read back in fp32: every measurement is of what users will load."""
+    model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32, local_files_only=True)
+    return model.to(device).eval()
 
 
 def pad_batch(

@@ -9,6 +9,8 @@ import torch
 from transformers import PreTrainedModel
 
 from specbench.medusa.training import IGNORE_INDEX, collect_self_distillation
+from specbench.zoo.corpus import document_text, prompt_ids
+from specbench.zoo.tokenizer import encode_documents
 
 
 def collect_continuations(
@@ -38,6 +40,18 @@ def answer_prefix_prompts(
         cut = start + 1 + int(torch.randint(0, max(1, answer_tokens), (1,), generator=generator))
         prompts.append(list(doc[: min(cut, len(doc) - 1, max(start + 1, max_length))]))
     return prompts
+
+
+def distillation_prompts(tokenizer, distill_records: list[dict], num_answer_prefix_prompts: int, seed: int,
+                         max_length: int) -> tuple[list[list[int]], list[list[int]]]:
+    """The self-distillation prompts: one zero-shot prompt per distillation question, then the question + a
+    seeded cut of its reference answer (``seed``: the build's prefix_cuts stream). The EAGLE stage regenerates
+    exactly these from a build's record."""
+    questions = prompt_ids(tokenizer, [r["question"] for r in distill_records])
+    documents = encode_documents(tokenizer, [document_text(r) for r in distill_records])
+    prefixes = answer_prefix_prompts(documents, [len(p) for p in questions], num_answer_prefix_prompts, seed,
+                                     max_length=max_length)
+    return questions, prefixes
 
 
 def continuation_documents(prompts: Sequence[Sequence[int]], tokens: torch.Tensor) -> tuple[list[list[int]], list[int]]:

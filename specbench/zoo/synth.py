@@ -16,7 +16,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from specbench.zoo.synth_command import MEDUSA_1_VICUNA_7B_TOP1, SHAPES, VICUNA_7B_SHAPE  # noqa: F401 - found here too
 
-from specbench.atomic_write import write_text_atomic
+from specbench.io.atomic_write import write_text_atomic
 from specbench.zoo import synth_proposers
 from specbench.zoo.synth_proposers import publish_directory as _publish
 from specbench.zoo.acceptance_profiles import (DRAFT_QWEN3_K3, EAGLE2_VICUNA_7B, EAGLE3_LLAMA_31_8B_K3, check_profile,

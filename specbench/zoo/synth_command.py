@@ -84,8 +84,3 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                             f"it is drafted at (default: {source}, {','.join(map(str, default))}; "
                             "docs/zoo.md#proposer-profiles)")
 
-
-def run(args: argparse.Namespace) -> int:
-    from specbench.zoo.synth import run as run_synth
-
-    return run_synth(args)

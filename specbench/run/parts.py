@@ -9,15 +9,16 @@ from pathlib import Path
 
 import torch
 
-from specbench import strict_json
-from specbench.atomic_write import write_text_atomic
-from specbench.case_requirements import expand_ref
+from specbench.io import strict_json
+from specbench.io.atomic_write import write_text_atomic
+from specbench.cases.requirements import expand_ref
 from specbench.cases import DTYPE_NAMES, Case, case_source
 from specbench.checkpoints.tiny import BUILTIN_TARGETS
 from specbench.engine.decode import GenerationConfig, GenerationResult
 from specbench.engine.hf_target import HFTarget
 from specbench.engine.sampling import SamplingParams
 from specbench.engine.static_target import StaticTarget
+from specbench.metrics import common_prefix
 from specbench.prompts import load_prompts, synthetic_prompts
 from specbench.proposers import create_proposer
 from specbench.proposers.registry import ProposerOptionsError
@@ -90,20 +91,13 @@ def load_prompt_ids(case: Case, tokenizer, vocab_size: int) -> tuple[list[tuple[
     return [(p.id, p.token_ids) for p in prompt_set], source
 
 
-def _common_prefix(a: list[int], b: list[int]) -> int:
-    for i, (x, y) in enumerate(zip(a, b)):
-        if x != y:
-            return i
-    return min(len(a), len(b))
-
-
 def lossless_report(plain: list[list[int]], spec: list[list[int]], checked: bool) -> dict:
     """Compare speculative with plain outputs. match_fraction = tokens before the first divergence
     / plain output tokens, pooled over requests (1.0 = identical)."""
     first_divergence = []
     matched = 0
     for p, s in zip(plain, spec):
-        prefix = _common_prefix(p, s)
+        prefix = common_prefix(p, s)
         matched += prefix
         first_divergence.append(None if p == s else prefix)
     total = sum(len(p) for p in plain)

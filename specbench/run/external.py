@@ -16,7 +16,7 @@ from specbench.engines import engine_module
 from specbench.engines.conformance import verdict
 from specbench.engines.interface import EngineRun, EngineUnavailable, RequestRun
 from specbench.metrics import RequestTiming, SpecCounters, aggregate
-from specbench.speed import speed_over_repeats
+from specbench.run.speed import speed_over_repeats
 
 REFERENCE_ENGINE = "eager"  # specbench's universal reference (docs/engines.md)
 
@@ -37,7 +37,7 @@ def _per_token(request: RequestRun) -> float:
 
 
 def request_record(prompt_id: str, spec: RequestRun, plain: RequestRun) -> dict:
-    """One request as the result's ``requests`` holds it for any engine (run_parts' record, without step data)."""
+    """One request as the result's ``requests`` holds it for any engine (run/parts.py's record, without step data)."""
     counters, timing, plain_timing = _counters(spec), _timing(spec), _timing(plain)
     return {
         "prompt_id": prompt_id, "repeat": 0,
@@ -66,9 +66,9 @@ def _metrics(run: EngineRun, records: list[dict]) -> tuple[dict, list[dict]]:
 
 def _prompts(case: Case) -> tuple[list[tuple[str, list[int]]], dict]:
     """The case's prompts as token ids, tokenised by the target's own tokenizer, as the harness loads them."""
-    from specbench.case_requirements import expand_ref
+    from specbench.cases.requirements import expand_ref
     from specbench.checkpoints.resolve import resolve_model_dir
-    from specbench.run_parts import load_prompt_ids, load_tokenizer
+    from specbench.run.parts import load_prompt_ids, load_tokenizer
 
     directory = resolve_model_dir(expand_ref(case.target))
     vocab_size = json.loads((directory / "config.json").read_text(encoding="utf-8")).get("vocab_size", 0)
@@ -82,9 +82,9 @@ def reference_case(case: Case) -> Case:
 
 def run_external_case(case: Case, run_case, *, progress: bool = True, loaded=(None, None)):
     """``case`` on its engine under test, with the conformance verdict against specbench's reference engine, which
-    ``run_case`` (the harness's) runs after it. Returns a run_parts.RunResult."""
+    ``run_case`` (the harness's) runs after it. Returns a run.parts.RunResult."""
     from specbench.env import environment_fingerprint
-    from specbench.run_parts import RunResult, lossless_report
+    from specbench.run.parts import RunResult, lossless_report
 
     if any(part is not None for part in loaded):
         raise ValueError(f"case {case.case_id}: engine {case.engine!r} loads the case's models itself; it cannot "

@@ -7,13 +7,13 @@ from typing import Callable
 
 import torch
 
-from specbench.case_loop import decode_case
-from specbench.case_requirements import expand_ref
+from specbench.run.sequence import decode_case
+from specbench.cases.requirements import expand_ref
 from specbench.cases import Case
 from specbench.distributed import (RankContext, RankFailed, TensorParallelCaseError, TorchrunRankFailed,
                                    environment_record, init_from_env, launch)
 from specbench.env import with_distributed
-from specbench.run_parts import RunResult, build_proposer, load_target
+from specbench.run.parts import RunResult, build_proposer, load_target
 
 SET_IT = "set tensor_parallel (--tensor-parallel N) to a size that divides them, or drop it"
 

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from specbench import env
-from specbench import gpu_assignment as gpus_of
+from specbench.plugin import gpu_assignment as gpus_of
 
 ASSIGNMENT_KEY = pytest.StashKey[dict]()  # on an xdist worker: its id, CUDA_VISIBLE_DEVICES, whether specbench set it
 PLAN_KEY = pytest.StashKey[dict]()  # on the xdist controller: the workers, the GPUs they share, sharding on or off

@@ -8,9 +8,9 @@ import re
 
 import torch
 
-from specbench.case_loop import decode_case  # noqa: F401 - re-exported
+from specbench.run.sequence import decode_case  # noqa: F401 - re-exported
 from specbench.cases import ENGINES_UNDER_TEST, Case
-from specbench.run_parts import (  # noqa: F401 - re-exported: callers load cases through the harness
+from specbench.run.parts import (  # noqa: F401 - re-exported: callers load cases through the harness
     DTYPES, RESULT_SCHEMA_VERSION, RunResult, _request_record, build_proposer, generation_config, load_prompt_ids,
     load_target, lossless_report, parse_dtype, to_json, write_json_atomic,
 )
@@ -54,15 +54,15 @@ def run_case(case: Case, *, progress: bool = True, target=None, tokenizer=None, 
     """Run ``case`` (plain, then speculative, per prompt, alternating so drift hits both alike). ``target``
     and ``proposer`` replace the ones the case would load (benchmarks wrap them to inject slowdowns)."""
     if case.engine in ENGINES_UNDER_TEST:  # checked against the eager engine, which this runs: docs/conformance.md
-        from specbench.engines.external_run import run_external_case
+        from specbench.run.external import run_external_case
 
         return run_external_case(case, run_case, progress=progress, loaded=(target, proposer))
     if case.batch_size is not None or case.batch_sizes is not None:  # the batched engine: docs/batching.md
-        from specbench.batch_run import run_batched_case
+        from specbench.run.batch import run_batched_case
 
         return run_batched_case(case, progress=progress, target=target, tokenizer=tokenizer, proposer=proposer)
     if case.tensor_parallel is not None:  # the target sharded over ranks: docs/tensor_parallel.md
-        from specbench.tp_run import run_tensor_parallel_case
+        from specbench.run.tensor_parallel import run_tensor_parallel_case
 
         if target is not None or proposer is not None:
             raise ValueError(f"case {case.case_id}: tensor_parallel = {case.tensor_parallel} loads its target and "

@@ -18,10 +18,10 @@ from specbench.engine import kernel_choices
 from specbench.env import environment_fingerprint
 from specbench.gating.curves import curve_name
 from specbench.metrics import aggregate
-from specbench.run_parts import (RunResult, _request_record, build_proposer, generation_config, load_prompt_ids,
+from specbench.run.parts import (RunResult, _request_record, build_proposer, generation_config, load_prompt_ids,
                                  load_target, lossless_report)
 from specbench.compile_watch import TimedWindow, capture_seconds
-from specbench.speed import measurement_flags, repeat_record, speed_over_repeats
+from specbench.run.speed import measurement_flags, repeat_record, speed_over_repeats
 
 SWEEP_SCHEMA_VERSION = 1
 # what a repeat record of a batched run adds to repeat_record's; each becomes the median metric of the run
@@ -177,7 +177,7 @@ CURVE_FIELDS = ("throughput_tokens_per_s", "plain_throughput_tokens_per_s", "bat
 
 def _curve_key(result: dict) -> str:
     """What the results of one curve share: their case definition without its name and batch size."""
-    from specbench import strict_json
+    from specbench.io import strict_json
 
     case = {k: v for k, v in (result.get("case") or {}).items() if k not in ("name", "batch_size")}
     return strict_json.dumps(case)

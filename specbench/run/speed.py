@@ -78,7 +78,7 @@ def speed_over_repeats(repeats: list[dict], extra: tuple[str, ...] = (), measure
 
 
 # the measured speedup a prediction is checked against: a single-sequence run's decode phase, a batch point's
-# throughput ratio at the same B (batch_run.py)
+# throughput ratio at the same B (run/batch.py)
 MEASURED_SPEEDUPS = {"decode_speedup": "decode-phase speedup", "batch_speedup": "batch speedup"}
 
 

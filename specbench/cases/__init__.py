@@ -4,7 +4,8 @@ Cases are plain dicts or TOML tables (``[[case]]`` entries of ``specbench/cases/
 the CLI and the pytest suites read the same files. The legal values of the fields a command line can set
 (VALUE_RULES) are stated once here, for case files and for ``specbench run`` / ``calibrate-tree`` flags alike
 (specbench.cli.arguments);
-:func:`with_overrides` applies a command line's changes to a stored case and renames it after them.
+:func:`with_overrides` applies a command line's changes to a stored case and renames it after them. What a case
+needs from the machine that runs it is specbench/cases/requirements.py.
 """
 
 from __future__ import annotations

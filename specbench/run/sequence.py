@@ -16,9 +16,9 @@ from specbench.engine.step_costs import measure_step_costs
 from specbench.engine import kernel_choices
 from specbench.env import environment_fingerprint
 from specbench.metrics import aggregate
-from specbench.run_parts import RunResult, _request_record, generation_config, load_prompt_ids, lossless_report
+from specbench.run.parts import RunResult, _request_record, generation_config, load_prompt_ids, lossless_report
 from specbench.compile_watch import TimedWindow, capture_seconds
-from specbench.speed import measurement_flags, repeat_record, speed_over_repeats
+from specbench.run.speed import measurement_flags, repeat_record, speed_over_repeats
 
 
 def decode_case(case: Case, target, tokenizer, proposer, *, progress: bool = True) -> RunResult:
