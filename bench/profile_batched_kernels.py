@@ -35,7 +35,7 @@ from specbench.cli.arguments import list_argument_type  # noqa: E402
 from specbench.engine.step_inputs import SlotInput, slot_input  # noqa: E402
 from specbench.engine.draft import Draft  # noqa: E402
 from specbench.engine.static_target import StaticTarget  # noqa: E402
-from specbench.engine.step_costs import measure_step_costs  # noqa: E402
+from specbench.run.step_costs import measure_step_costs  # noqa: E402
 from specbench.env import environment_fingerprint  # noqa: E402
 
 # (kind, substrings of a kernel's name that put it there), the first match wins

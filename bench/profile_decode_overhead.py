@@ -31,7 +31,7 @@ from batch_curve import ScriptedBatch  # noqa: E402
 
 from specbench.io.atomic_write import write_text_atomic  # noqa: E402
 from specbench.engine.decode import Decoder, GenerationConfig  # noqa: E402
-from specbench.engine.step_costs import measure_step_costs  # noqa: E402
+from specbench.run.step_costs import measure_step_costs  # noqa: E402
 from specbench.env import environment_fingerprint  # noqa: E402
 
 KINDS = ("plain", "oracle")

@@ -179,7 +179,7 @@ def measure_draft_model(target, prompt, args) -> dict:
     """A draft model's cost per step on this target: the synthetic ~1B Llama (``--draft-dir``, same 32,000
     vocabulary) drafting K=3 on the target's engine, step costs timed as the harness does, and tok/s."""
     from specbench.engine.slot_proposer import PerSlotProposer
-    from specbench.engine.step_costs import measure_step_costs
+    from specbench.run.step_costs import measure_step_costs
     from specbench.proposers.draft_model import DraftModelProposer
 
     proposer = DraftModelProposer.from_options(target, path=str(Path(args.draft_dir) / "target"), num_speculative_tokens=3)

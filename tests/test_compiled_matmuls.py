@@ -1,4 +1,4 @@
-"""The matmul kernels read from inductor's generated code (specbench/engine/compiled_matmuls.py)."""
+"""The matmul kernels read from inductor's generated code (specbench/run/compiled_matmuls.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import torch
 import torch.nn.functional as F
 
-from specbench.engine.compiled_matmuls import compiled_matmuls, matmuls_in
+from specbench.run.compiled_matmuls import compiled_matmuls, matmuls_in
 
 # a generated module as inductor writes it for a Triton GEMV template (trimmed to what the reader looks at)
 TEMPLATE_MODULE = """

@@ -34,14 +34,13 @@ def test_same_seed_same_quality_metrics():
 def test_a_broken_proposer_fails_its_gate(monkeypatch):
     """Drafts shifted by one position (head i's token proposed at position i + 1) must fail the
     stored medusa/chain-k3 baseline, and the message must say which metric, by how much."""
-    from specbench.engine.draft import Draft
     from specbench.proposers.medusa import MedusaProposer
 
     def shifted(self, head_logits):
-        top1 = head_logits.argmax(dim=-1)  # (K,)
-        return Draft.chain(top1.roll(1))  # position 0 gets the last head's token, and so on
+        top1 = head_logits.argmax(dim=-1).T  # (n, K) every slot's chain
+        return top1.roll(1, dims=1)  # position 0 gets the last head's token, and so on
 
-    monkeypatch.setattr(MedusaProposer, "draft_from_logits", shifted)
+    monkeypatch.setattr(MedusaProposer, "tokens_from_logits", shifted)
     (case,) = find_case("medusa/chain-k3")
     result = run_case(case, progress=False).to_dict()
     assert result["correctness"]["exact"]  # greedy verification stays lossless whatever is drafted

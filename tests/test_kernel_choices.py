@@ -1,11 +1,11 @@
-"""The autotune selections a static-engine result records (specbench/engine/kernel_choices.py)."""
+"""The autotune selections a static-engine result records (specbench/run/kernel_choices.py)."""
 
 from __future__ import annotations
 
 import math
 import pytest
 
-from specbench.engine import kernel_choices
+from specbench.run import kernel_choices
 
 
 class _Node:
@@ -110,7 +110,7 @@ def test_a_static_result_carries_the_selections_made_in_its_process(monkeypatch,
     from specbench.cases import Case
     from specbench.run.harness import run_case
 
-    monkeypatch.setattr(kernel_choices, "_INSTALLED", True)  # as the CUDA engine's autotuned matmuls install it
+    monkeypatch.setattr(kernel_choices, "_INSTALLED", True)  # as loading a static case on CUDA installs it (run/parts.load_target)
     tuned = _choice("triton_mm_2", "BLOCK_N=128")
     kernel_choices._record({tuned: 0.011}, "mm", [_Node(1, 64), _Node(64, 64)], [tuned], None, {})
     case = dict(name="tuned", engine="static", proposer={"name": "ngram", "num_speculative_tokens": 3},

@@ -103,7 +103,10 @@ class OracleMedusa(MedusaProposer):
     def step_ranks(self):
         return self.true_ranks
 
-    def propose(self, state):
+    def propose(self, states):
+        return {slot: self.oracle_draft(state) for slot, state in states.items()}
+
+    def oracle_draft(self, state):
         length = state.token_ids.numel()  # reference[length + i] is head i's true token
         rows = []
         for i, rank in enumerate(self.step_ranks()):
@@ -228,5 +231,6 @@ def test_path_loads_heads_for_the_target_shape_and_dtype(monkeypatch):
     proposer = MedusaProposer.from_options(target, path="some/medusa-ckpt", num_speculative_tokens=2)
     assert calls == [("some/medusa-ckpt", HIDDEN, VOCAB, torch.bfloat16)]
     assert {p.dtype for p in proposer.heads.parameters()} == {torch.bfloat16}
-    draft = proposer.propose(types.SimpleNamespace(token_ids=PROMPT, hidden_state=torch.randn(HIDDEN, dtype=torch.bfloat16)))
+    state = types.SimpleNamespace(token_ids=PROMPT, hidden_state=torch.randn(HIDDEN, dtype=torch.bfloat16))
+    draft = proposer.propose({0: state})[0]
     assert len(draft) == 2 and draft.is_chain

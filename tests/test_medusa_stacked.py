@@ -80,7 +80,7 @@ def test_drafts_are_the_old_paths_token_for_token(has_vocab_projection, options)
     lm_head = target_lm_head()
     proposer = MedusaProposer(heads, lm_head, **options)
     for x in hidden_states(32, seed=4):
-        draft = proposer.propose(types.SimpleNamespace(token_ids=torch.tensor([1, 2, 3]), hidden_state=x))
+        draft = proposer.propose({0: types.SimpleNamespace(token_ids=torch.tensor([1, 2, 3]), hidden_state=x)})[0]
         old = proposer.draft_from_logits(loop_head_logits(reference, lm_head, x, proposer.depth))
         assert torch.equal(draft.tokens, old.tokens)
         assert torch.equal(draft.parents, old.parents)

@@ -1,4 +1,4 @@
-"""Step costs at batch size B (engine/step_costs.py): scripted timings with known answers, at B = 1 also through a
+"""Step costs at batch size B (run/step_costs.py): scripted timings with known answers, at B = 1 also through a
 per-sequence proposer as the one slot (a case's loop); real runs' figures and tokens; the gates of a batch point."""
 
 from __future__ import annotations
@@ -15,12 +15,12 @@ from specbench.run import batch
 from specbench.run.speed import mean_acceptance_length, measurement_flags, prediction_error
 from specbench.cases import Case
 from specbench.checkpoints.tiny import tiny_llama
-from specbench.engine import step_costs
+from specbench.run import step_costs
 from specbench.engine.draft import Draft
 from specbench.engine.proposer import Proposer
 from specbench.engine.slot_proposer import PerSlotProposer, SlotProposer
 from specbench.engine.static_target import StaticTarget
-from specbench.engine.step_costs import StepCosts, measure_step_costs
+from specbench.run.step_costs import StepCosts, measure_step_costs
 from specbench.engine.target import TargetOutput
 from specbench.gating.gates import NOT_MEASURED, compare_entry
 from specbench.gating.regenerate import baseline_entry

@@ -20,7 +20,6 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from specbench.engine import kernel_choices
 
 
 def rotary_tables(inv_freq: torch.Tensor, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -135,7 +134,6 @@ def _autotuned_gemv() -> Callable:
     # one specialisation per weight shape (5 for a Llama; more when one process runs several models): raise
     # dynamo's per-function limit (8), past which it would silently fall back to the untuned matmul
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
-    kernel_choices.install()  # the kernels autotuning picks go into each result's details
     tuned = torch.compile(_linear, mode="max-autotune-no-cudagraphs", fullgraph=True, dynamic=False)
 
     def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:

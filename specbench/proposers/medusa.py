@@ -1,5 +1,5 @@
-"""Medusa proposer: heads on the target's last hidden state draft a chain (top-1 of each of K heads,
-as vLLM did) or a static tree of top-k candidates (Medusa's tree decoding)."""
+"""Medusa proposer: heads on each slot's last hidden state draft a chain (top-1 of each of K heads, as vLLM did) or a
+static tree of top-k candidates (Medusa's tree decoding), for every active slot at once."""
 
 from __future__ import annotations
 
@@ -8,13 +8,18 @@ from torch import nn
 
 from specbench.engine.draft import Draft
 from specbench.engine.tree import TreeBuffers, TreeSpec, load_tree
-from specbench.engine.proposer import Proposer, ProposerState
+from specbench.engine.proposer import ProposerState
+from specbench.engine.slot_proposer import SlotProposer
 from specbench.medusa.heads import MedusaHeads
 from specbench.proposers.registry import register_proposer
 
 
 @register_proposer
-class MedusaProposer(Proposer):
+class MedusaProposer(SlotProposer):
+    """The heads run once over the ``(n, H)`` last hidden states of the n active slots, and every slot's draft tokens
+    are picked from them in one op: the chain's top-1 per head, or the tree's top-k candidates. All slots share the
+    draft's shape (parents, depths, mask), built once, so no per-slot device op or host read runs in ``propose``."""
+
     name = "medusa"
 
     def __init__(
@@ -59,6 +64,10 @@ class MedusaProposer(Proposer):
         device = next(heads.parameters()).device
         if self.tree is not None:
             self.tree = self.tree.to(device)
+        self._candidates = None if self.tree is None else self.tree.candidate_indices.to(device)  # (N,)
+        # every slot's draft shape, computed once: each propose hands out copies with the slot's tokens
+        self._template = self.draft_from_logits(torch.zeros(depth, heads.config.vocab_size, device=device))
+        self._template.depths(), self._template.depth(), self._template.is_chain
 
     @classmethod
     def from_options(
@@ -105,7 +114,7 @@ class MedusaProposer(Proposer):
         return settings
 
     def head_logits(self, hidden_state: torch.Tensor) -> torch.Tensor:
-        """(H,) hidden state -> (depth, V) logits of the heads this proposer uses.
+        """(H,) or (n, H) hidden states -> (depth, V) or (depth, n, V) logits of the heads this proposer uses.
 
         Only those heads run: each vocab projection is as large as the target's lm_head, so running
         unused heads would cost a noticeable fraction of a target step. They run together on the
@@ -114,10 +123,10 @@ class MedusaProposer(Proposer):
         matmul with the target's lm_head for version-2 heads.
         """
         stacked = self.heads.stack()  # the cached stacked tensors unless the heads' parameters were replaced
-        x = hidden_state.to(stacked.block_bias.dtype)  # (H,)
+        x = hidden_state.to(stacked.block_bias.dtype)  # (H,) or (n, H)
         if stacked.vocab_weight is None:
-            return self.lm_head(stacked.hidden(x, self.depth))  # (depth, V)
-        return stacked.logits(x, self.depth)  # (depth, V)
+            return self.lm_head(stacked.hidden(x, self.depth))  # (depth, [n,] V)
+        return stacked.logits(x, self.depth)  # (depth, [n,] V)
 
     def draft_from_logits(self, head_logits: torch.Tensor) -> Draft:
         """(depth, V) head logits -> the chain of top-1 tokens, or the tree of top-k candidates."""
@@ -126,8 +135,20 @@ class MedusaProposer(Proposer):
         topk_tokens = head_logits.topk(self.tree.top_k, dim=-1).indices  # (depth, top_k), best first
         return self.tree.draft(topk_tokens)
 
+    def tokens_from_logits(self, head_logits: torch.Tensor) -> torch.Tensor:
+        """(depth, n, V) head logits -> (n, N) every slot's draft tokens, as ``draft_from_logits`` picks them."""
+        if self.tree is None:
+            return head_logits.argmax(dim=-1).T  # (n, K)
+        topk = head_logits.topk(self.tree.top_k, dim=-1).indices  # (depth, n, top_k), best first
+        table = topk[: self.tree.max_depth].permute(1, 0, 2).reshape(topk.shape[1], -1)  # (n, max_depth * top_k)
+        return table[:, self._candidates]  # (n, N)
+
     @torch.inference_mode()
-    def propose(self, state: ProposerState) -> Draft:
-        if state.hidden_state is None:
-            raise ValueError("the Medusa proposer reads the target's last hidden state, but the decode loop passed none")
-        return self.draft_from_logits(self.head_logits(state.hidden_state))
+    def propose(self, states: dict[int, ProposerState]) -> dict[int, Draft | None]:
+        if not states:
+            return {}
+        if any(state.hidden_state is None for state in states.values()):
+            raise ValueError("the Medusa proposer reads each slot's last hidden state, but the decode loop passed none")
+        hidden = torch.stack([state.hidden_state for state in states.values()])  # (n, H)
+        tokens = self.tokens_from_logits(self.head_logits(hidden))  # (n, N)
+        return {slot: self._template.with_tokens(tokens[i]) for i, slot in enumerate(states)}

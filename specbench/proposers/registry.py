@@ -9,6 +9,7 @@ from importlib.metadata import entry_points
 from typing import TYPE_CHECKING
 
 from specbench.engine.proposer import Proposer
+from specbench.engine.slot_proposer import SlotProposer
 
 if TYPE_CHECKING:
     from specbench.engine.target import Target
@@ -18,7 +19,7 @@ ENTRY_POINT_GROUP = "specbench.proposers"
 _BUILTIN_MODULES = {"ngram": "specbench.proposers.ngram", "medusa": "specbench.proposers.medusa",
                     "draft": "specbench.proposers.draft_model", "eagle": "specbench.proposers.eagle",
                     "eagle3": "specbench.proposers.eagle3"}
-_REGISTRY: dict[str, type[Proposer]] = {}
+_REGISTRY: dict[str, type[Proposer | SlotProposer]] = {}
 
 
 def register_proposer(cls: type[Proposer]) -> type[Proposer]:
@@ -50,10 +51,10 @@ def get_proposer_class(name: str) -> type[Proposer]:
     eps = _entry_point_names()
     if name in eps:
         cls = eps[name].load()
-        if not (isinstance(cls, type) and issubclass(cls, Proposer)):
+        if not (isinstance(cls, type) and issubclass(cls, (Proposer, SlotProposer))):
             raise TypeError(
                 f"entry point {name!r} in group {ENTRY_POINT_GROUP!r} ({eps[name].value}) must name a "
-                f"specbench.proposers.Proposer subclass, got {cls!r}"
+                f"specbench.proposers.Proposer subclass (per sequence) or SlotProposer subclass (per batch of slots), got {cls!r}"
             )
         _REGISTRY.setdefault(name, cls)
         return cls

@@ -13,8 +13,8 @@ from specbench.cases import OVERRIDABLE, SWEEPABLE, Case, with_overrides
 from specbench.engine.decode import Decoder, GenerationConfig
 from specbench.engine.static_target import StaticTarget
 from specbench.proposers.batched import for_batch
-from specbench.engine.step_costs import measure_step_costs
-from specbench.engine import kernel_choices
+from specbench.run.step_costs import measure_step_costs
+from specbench.run import kernel_choices
 from specbench.env import environment_fingerprint
 from specbench.gating.curves import curve_name
 from specbench.metrics import aggregate

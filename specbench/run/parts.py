@@ -17,6 +17,7 @@ from specbench.checkpoints.tiny import BUILTIN_TARGETS
 from specbench.engine.decode import GenerationConfig, GenerationResult
 from specbench.engine.hf_target import HFTarget
 from specbench.engine.sampling import SamplingParams
+from specbench.run import kernel_choices
 from specbench.engine.static_target import StaticTarget
 from specbench.metrics import common_prefix
 from specbench.prompts import load_prompts, synthetic_prompts
@@ -39,6 +40,8 @@ def load_target(case: Case, *, static_class: type[StaticTarget] = StaticTarget, 
     otherwise; tensor-parallel runs pass its sharded subclass and their rank's ``device``)."""
     dtype = parse_dtype(case.dtype)
     device = device or case.device
+    if case.engine == "static" and str(device).startswith("cuda"):
+        kernel_choices.install()  # the kernels autotuning picks for the one-row matmuls go into the result's details
     if case.target in BUILTIN_TARGETS:
         model = BUILTIN_TARGETS[case.target](dtype).to(device)
         return (static_class.from_hf_model(model) if case.engine == "static" else HFTarget(model)), None

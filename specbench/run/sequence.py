@@ -12,8 +12,8 @@ from tqdm.auto import tqdm
 
 from specbench.cases import Case
 from specbench.engine.decode import Decoder, GenerationConfig
-from specbench.engine.step_costs import measure_step_costs
-from specbench.engine import kernel_choices
+from specbench.run.step_costs import measure_step_costs
+from specbench.run import kernel_choices
 from specbench.env import environment_fingerprint
 from specbench.metrics import aggregate
 from specbench.run.parts import RunResult, _request_record, generation_config, load_prompt_ids, lossless_report

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 
-from specbench.engine.compiled_matmuls import ROW_MM_LABEL, compiled_matmuls
+from specbench.run.compiled_matmuls import ROW_MM_LABEL, compiled_matmuls
 
 _SELECTIONS: dict[tuple, dict] = {}  # (op, shapes) -> the selection's record, in the order first seen
 _INSTALLED = False
