@@ -199,7 +199,7 @@ def save_partial(out: Path, figures: dict) -> None:
 def medusa_tree(name: str) -> list[list[int]]:
     """A 63-node tree: the published mc_sim_7b_63 when SPECBENCH_DATA_DIR has it, else a greedy 63-node tree."""
     try:
-        from specbench.engine.tree import load_tree
+        from specbench.medusa.trees import load_tree
 
         return load_tree(name)
     except Exception:  # noqa: BLE001 - the benchmark only needs some 63-node tree of depth <= 5

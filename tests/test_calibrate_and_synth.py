@@ -26,7 +26,7 @@ def test_calibrate_tree_for_the_reference_heads(tmp_path, capsys):
     assert top1[0] > 0.2 and top1[0] == max(top1)
     # a 15-node tree adds at least the first head's top-1 accuracy to the MAL of 1
     assert saved["metadata"]["expected_mean_acceptance_length"] > 1 + top1[0]
-    from specbench.engine.tree import load_tree
+    from specbench.medusa.trees import load_tree
 
     assert load_tree(str(out)).num_nodes == 15
 

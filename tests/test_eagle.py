@@ -17,7 +17,7 @@ from specbench.engine.decode import Decoder, GenerationConfig
 from specbench.engine.hf_target import HFTarget
 from specbench.engine.proposer import ProposerState
 from specbench.engine.static_target import StaticTarget
-from specbench.engine.tree import load_tree
+from specbench.medusa.trees import load_tree
 from specbench.proposers import create_proposer
 from specbench.proposers.eagle import EagleProposer
 from specbench.proposers.scripted import ScriptedProposer

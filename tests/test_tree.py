@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from specbench.engine.draft import Draft
-from specbench.engine.tree import TreeBuffers, load_tree
+from specbench.engine.tree import TreeBuffers
+from specbench.medusa.trees import load_tree
 
 # deliberately unsorted: from_paths must order by (length, ranks)
 HAND_TREE = [[1], [0, 0, 0], [0], [0, 1], [1, 0], [0, 0]]

@@ -6,7 +6,7 @@ import json
 import pytest
 import torch
 
-from specbench.engine.tree import load_tree
+from specbench.medusa.trees import load_tree
 from specbench.medusa.tree_calibration import (
     calibrate_tree,
     expected_acceptance_length,

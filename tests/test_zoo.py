@@ -18,7 +18,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from specbench.checkpoints.medusa import read_medusa_checkpoint
 from specbench.medusa.checkpoint import load_medusa_heads
-from specbench.engine.tree import load_tree
+from specbench.medusa.trees import load_tree
 from specbench.references import ReferenceMissing, reference_names, resolve_reference
 from specbench.zoo.build import _checks, build_zoo
 from specbench.zoo.cli import add_zoo_subcommand, cmd_build, main

@@ -1,5 +1,5 @@
 """Medusa tree calibration: grow a static tree from measured per-head top-k accuracies by greedy
-expected-acceptance gain, and save it where :func:`specbench.engine.tree.load_tree` finds it.
+expected-acceptance gain, and save it where :func:`specbench.medusa.trees.load_tree` finds it.
 
 Model (Medusa's): head i's rank-r candidate is the true token with probability ``acc[i, r]``,
 independently across heads. A node's value is the product of the accuracies along its path, the

@@ -19,7 +19,7 @@ from specbench.eagle.expansion import (
 from specbench.engine.draft import Draft
 from specbench.engine.graph_capture import GraphBackend, StepGraphs
 from specbench.engine.proposer import Proposer, ProposerState
-from specbench.engine.tree import TreeSpec, load_tree
+from specbench.medusa.trees import TreeSpec, load_tree
 from specbench.proposers.registry import register_proposer
 
 

@@ -7,7 +7,8 @@ import torch
 from torch import nn
 
 from specbench.engine.draft import Draft
-from specbench.engine.tree import TreeBuffers, TreeSpec, load_tree
+from specbench.engine.tree import TreeBuffers
+from specbench.medusa.trees import TreeSpec, load_tree
 from specbench.engine.proposer import ProposerState
 from specbench.engine.slot_proposer import SlotProposer
 from specbench.medusa.heads import MedusaHeads
