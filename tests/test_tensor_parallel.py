@@ -68,7 +68,8 @@ def decode_all(target, proposer_for, labels, prompts) -> dict:
 def tp_rank(context, jobs) -> dict:
     """One rank: shard each job's model over the group, decode its prompts with every proposer (drafted on
     rank 0 and broadcast), and report the tokens, counters, cache shape and environment record."""
-    from specbench.engine.tensor_parallel import RankZeroProposer, TensorParallelStaticTarget
+    from specbench.engine.tensor_parallel import TensorParallelStaticTarget
+    from specbench.run.tensor_parallel import RankZeroProposer
 
     torch.set_num_threads(1)
     out = {"env": environment_record(context.device)}

@@ -1,4 +1,4 @@
-"""Tensor parallelism for the static Llama: heads and MLP columns split over ranks, one draft for all (docs/tensor_parallel.md).
+"""Tensor parallelism for the static Llama: heads and MLP columns split over ranks (docs/tensor_parallel.md).
 
 Megatron's layout over a ``torch.distributed`` process group of N ranks: each rank keeps ``num_heads / N``
 attention heads and ``num_kv_heads / N`` key/value heads (its slice of every q, k and v row-block of the
@@ -23,9 +23,6 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 
-from specbench.compile_watch import capture_seconds
-from specbench.engine.draft import Draft
-from specbench.engine.proposer import Proposer, ProposerState
 from specbench.engine.static_llama import Attention, LlamaShape, MLP, StaticLlamaForCausalLM
 from specbench.engine.static_target import StaticTarget
 
@@ -186,81 +183,3 @@ class TensorParallelStaticTarget(StaticTarget):
     @property
     def rank(self) -> int:
         return self.module.tensor_parallel.rank
-
-
-def _draft_payload(draft: Draft | None) -> dict | None:
-    """A draft as host tensors and flags (what rank 0 broadcasts); None for a plain step."""
-    if draft is None:
-        return None
-    host = lambda t: None if t is None else t.detach().cpu()  # noqa: E731
-    return {"tokens": host(draft.tokens), "parents": host(draft.parents), "draft_probs": host(draft.draft_probs),
-            "precomputed_depths": host(draft.precomputed_depths),
-            "precomputed_tree_mask": host(draft.precomputed_tree_mask),
-            "precomputed_is_chain": draft.precomputed_is_chain, "precomputed_depth": draft.precomputed_depth}
-
-
-def _draft_from_payload(payload: dict | None, device: torch.device) -> Draft | None:
-    if payload is None:
-        return None
-    moved = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in payload.items()}
-    for key in ("precomputed_depths", "precomputed_tree_mask"):  # host-side shape buffers, as Draft builds them
-        moved[key] = payload[key]
-    return Draft(**moved)
-
-
-class RankZeroProposer(Proposer):
-    """``inner`` proposes on rank 0 only; its draft is broadcast so every rank verifies the same one. Every
-    other call (reserve, begin_request, max_draft_tokens) runs on every rank, so the decode loops agree."""
-
-    def __init__(self, inner: Proposer, group=None, device: torch.device | str = "cpu"):
-        self.inner = inner
-        self.group = group
-        self.device = torch.device(device)
-        self.name = inner.name
-        self.needs_hidden_states = inner.needs_hidden_states
-        self.rank = dist.get_rank(group)
-        self.drafts_received = 0  # drafts this rank verified that rank 0 proposed (tests read it)
-
-    @classmethod
-    def from_options(cls, target, **options) -> "RankZeroProposer":
-        raise TypeError("wrap a built proposer: RankZeroProposer(proposer, group, device)")
-
-    @property
-    def max_draft_tokens(self) -> int:
-        return self.inner.max_draft_tokens
-
-    @property
-    def capture_seconds(self) -> float:
-        """The wrapped proposer's graph capture so far (rank 0's; a run checks that none happened while timed)."""
-        return capture_seconds(self.inner)
-
-    def reserve(self, num_tokens: int) -> None:
-        if self.rank == 0:  # the other ranks never draft: no cache to size, no drafting graphs to capture
-            self.inner.reserve(num_tokens)
-
-    def begin_request(self, prompt_ids: torch.Tensor) -> None:
-        self.inner.begin_request(prompt_ids)
-
-    def propose(self, state: ProposerState) -> Draft | None:
-        length = state.token_ids.numel()  # host-known: checks the ranks are in step without a device sync
-        draft = self.inner.propose(state) if self.rank == 0 else None
-        message = [(length, _draft_payload(draft)) if self.rank == 0 else None]
-        dist.broadcast_object_list(message, group_src=0, group=self.group, device=_object_device(self.device))
-        if self.rank == 0:
-            return draft  # its own tensors: a static tree keeps its identity (the target skips rewriting buffers)
-        source_length, payload = message[0]
-        if source_length != length:
-            raise RuntimeError(
-                f"tensor-parallel ranks diverged: rank 0 drafts after {source_length} tokens, rank {self.rank} is at "
-                f"{length}; their logits differ (a missing all-reduce, or ranks fed different prompts)"
-            )
-        self.drafts_received += payload is not None
-        return _draft_from_payload(payload, self.device)
-
-    def describe(self) -> dict:
-        return self.inner.describe()
-
-
-def _object_device(device: torch.device) -> torch.device | None:
-    """Where broadcast_object_list stages its bytes: the rank's GPU under NCCL, the host under gloo."""
-    return device if device.type == "cuda" else None

@@ -1,4 +1,4 @@
-"""Run a case with its target sharded over ranks, launched here or under torchrun (docs/tensor_parallel.md)."""
+"""Run a case with its target sharded over ranks, launched here or under torchrun, rank 0 drafting for all (docs/tensor_parallel.md)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,12 @@ import os
 from typing import Callable
 
 import torch
+import torch.distributed as dist
 
+from specbench.compile_watch import capture_seconds
+from specbench.engine.draft import Draft
+from specbench.engine.proposer import Proposer, ProposerState
+from specbench.engine.slot_proposer import PerSlotProposer, SlotProposer
 from specbench.run.sequence import decode_case
 from specbench.cases.requirements import expand_ref
 from specbench.cases import Case
@@ -75,7 +80,7 @@ def request_tokens(requests: list[dict]) -> list[tuple]:
 def rank_result(context: RankContext, case: Case, progress: bool) -> RunResult:
     """This rank's run: the sharded target, the proposer drafting on rank 0 for all, run_case's loop, and the
     environment record (a collective); progress bars on rank 0 only."""
-    from specbench.engine.tensor_parallel import RankZeroProposer, TensorParallelStaticTarget
+    from specbench.engine.tensor_parallel import TensorParallelStaticTarget
 
     _share_cpu(context)
     target, tokenizer = load_target(case, static_class=TensorParallelStaticTarget, device=str(context.device))
@@ -170,3 +175,77 @@ def run_tensor_parallel_case(case: Case, *, progress: bool = True,
         raise TensorParallelCaseError(f"{_label(case)}: {failure}", rank=failure.rank) from failure
     check_ranks_agree(case, rank0, others)
     return rank0
+
+
+def _draft_payload(draft: Draft | None) -> dict | None:
+    """A draft as host tensors and flags (what rank 0 broadcasts); None for a plain step."""
+    if draft is None:
+        return None
+    host = lambda t: None if t is None else t.detach().cpu()  # noqa: E731
+    return {"tokens": host(draft.tokens), "parents": host(draft.parents), "draft_probs": host(draft.draft_probs),
+            "precomputed_depths": host(draft.precomputed_depths),
+            "precomputed_tree_mask": host(draft.precomputed_tree_mask),
+            "precomputed_is_chain": draft.precomputed_is_chain, "precomputed_depth": draft.precomputed_depth}
+
+
+def _draft_from_payload(payload: dict | None, device: torch.device) -> Draft | None:
+    if payload is None:
+        return None
+    moved = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in payload.items()}
+    for key in ("precomputed_depths", "precomputed_tree_mask"):  # host-side shape buffers, as Draft builds them
+        moved[key] = payload[key]
+    return Draft(**moved)
+
+
+class RankZeroProposer(SlotProposer):
+    """``inner`` (a slot-form proposer, or a per-sequence one as the one slot) proposes on rank 0 only; its drafts
+    are broadcast so every rank verifies the same ones. Every other call (reserve, begin_request,
+    max_draft_tokens) runs on every rank, so the decode loops agree."""
+
+    def __init__(self, inner: Proposer | SlotProposer, group=None, device: torch.device | str = "cpu"):
+        self.inner = PerSlotProposer([inner]) if isinstance(inner, Proposer) else inner
+        self.group = group
+        self.device = torch.device(device)
+        self.needs_hidden_states = self.inner.needs_hidden_states
+        self.rank = dist.get_rank(group)
+        self.drafts_received = 0  # drafts this rank verified that rank 0 proposed (tests read it)
+
+    @property
+    def max_draft_tokens(self) -> int:
+        return self.inner.max_draft_tokens
+
+    @property
+    def capture_seconds(self) -> float:
+        """The wrapped proposer's graph capture so far (rank 0's; a run checks that none happened while timed)."""
+        return capture_seconds(self.inner)
+
+    def reserve(self, num_tokens: int) -> None:
+        if self.rank == 0:  # the other ranks never draft: no cache to size, no drafting graphs to capture
+            self.inner.reserve(num_tokens)
+
+    def begin_request(self, slot: int, prompt_ids: torch.Tensor) -> None:
+        self.inner.begin_request(slot, prompt_ids)
+
+    def propose(self, states: dict[int, ProposerState]) -> dict[int, Draft | None]:
+        lengths = {slot: state.token_ids.numel() for slot, state in states.items()}  # host-known: no device sync
+        drafts = self.inner.propose(states) if self.rank == 0 else None
+        message = [(lengths, {s: _draft_payload(d) for s, d in drafts.items()}) if self.rank == 0 else None]
+        dist.broadcast_object_list(message, group_src=0, group=self.group, device=_object_device(self.device))
+        if self.rank == 0:
+            return drafts  # its own tensors: a static tree keeps its identity (the target skips rewriting buffers)
+        source_lengths, payloads = message[0]
+        if source_lengths != lengths:
+            raise RuntimeError(
+                f"tensor-parallel ranks diverged: rank 0 drafts after {source_lengths} tokens per slot, rank "
+                f"{self.rank} is at {lengths}; their logits differ (a missing all-reduce, or ranks fed different prompts)"
+            )
+        self.drafts_received += sum(payload is not None for payload in payloads.values())
+        return {slot: _draft_from_payload(payload, self.device) for slot, payload in payloads.items()}
+
+    def describe(self) -> dict:
+        return self.inner.describe()
+
+
+def _object_device(device: torch.device) -> torch.device | None:
+    """Where broadcast_object_list stages its bytes: the rank's GPU under NCCL, the host under gloo."""
+    return device if device.type == "cuda" else None
