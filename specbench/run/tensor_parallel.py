@@ -204,6 +204,7 @@ class RankZeroProposer(SlotProposer):
 
     def __init__(self, inner: Proposer | SlotProposer, group=None, device: torch.device | str = "cpu"):
         self.inner = PerSlotProposer([inner]) if isinstance(inner, Proposer) else inner
+        self.describe = inner.describe  # the proposer's own settings, per-sequence or not
         self.group = group
         self.device = torch.device(device)
         self.needs_hidden_states = self.inner.needs_hidden_states
@@ -241,9 +242,6 @@ class RankZeroProposer(SlotProposer):
             )
         self.drafts_received += sum(payload is not None for payload in payloads.values())
         return {slot: _draft_from_payload(payload, self.device) for slot, payload in payloads.items()}
-
-    def describe(self) -> dict:
-        return self.inner.describe()
 
 
 def _object_device(device: torch.device) -> torch.device | None:
