@@ -1,4 +1,4 @@
-"""Batched forms of the runtime proposers: Medusa heads, greedy draft models and EAGLE heads over all slots at once; the rest per slot."""
+"""Batched forms of the runtime proposers: Medusa heads, draft models and EAGLE heads over all slots at once; the rest per slot."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ import torch
 from specbench.engine.slot_proposer import SlotProposer, PerSlotProposer
 from specbench.engine.draft import Draft
 from specbench.engine.proposer import Proposer, ProposerState
-from specbench.proposers.batched_draft import BatchedDraftModelProposer, PerSlotDraftModelProposer
 from specbench.proposers.batched_eagle import BatchedEagleProposer
 from specbench.proposers.draft_model import DraftModelProposer
 from specbench.proposers.eagle import EagleProposer
@@ -63,19 +62,15 @@ class BatchedMedusaProposer(SlotProposer):
 
 
 def for_batch(proposer: Proposer | None, batch_size: int, factory: Callable[[], Proposer] | None = None):
-    """The batched form of a proposer: Medusa, a greedy draft model and EAGLE (EAGLE-1/2/3 heads: chain, static
-    and dynamic tree) batched; n-gram one per slot with its settings; anything else (a sampled draft model, ...)
-    one per slot from ``factory`` (a proposer keeps per-request state, so one instance cannot serve two slots)."""
+    """The batched form of a proposer: Medusa, a draft model (greedy or sampled) and EAGLE (EAGLE-1/2/3 heads: chain,
+    static and dynamic tree) batched; n-gram one per slot with its settings; anything else one per slot from
+    ``factory`` (a proposer keeps per-request state, so one instance cannot serve two slots)."""
     if proposer is None and factory is None:
         return None
     if isinstance(proposer, MedusaProposer):
         return BatchedMedusaProposer(proposer)
     if isinstance(proposer, DraftModelProposer):
-        batched = BatchedDraftModelProposer.from_proposer(proposer, batch_size)
-        if batched is not None:
-            return batched
-        if factory is not None:
-            return PerSlotDraftModelProposer.build(factory, batch_size)
+        return proposer.with_batch_size(batch_size)
     if isinstance(proposer, EagleProposer):
         return BatchedEagleProposer.from_proposer(proposer, batch_size)
     if factory is None and isinstance(proposer, NgramProposer):

@@ -9,6 +9,7 @@ from importlib.metadata import entry_points
 from typing import TYPE_CHECKING
 
 from specbench.engine.proposer import Proposer
+from specbench.engine.slot_proposer import SlotProposer
 
 if TYPE_CHECKING:
     from specbench.engine.target import Target
@@ -50,7 +51,7 @@ def get_proposer_class(name: str) -> type[Proposer]:
     eps = _entry_point_names()
     if name in eps:
         cls = eps[name].load()
-        if not (isinstance(cls, type) and issubclass(cls, Proposer)):
+        if not (isinstance(cls, type) and issubclass(cls, (Proposer, SlotProposer))):
             raise TypeError(
                 f"entry point {name!r} in group {ENTRY_POINT_GROUP!r} ({eps[name].value}) must name a "
                 f"specbench.proposers.Proposer subclass, got {cls!r}"
