@@ -26,6 +26,7 @@ from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 from specbench.compile_watch import capture_seconds
 from specbench.engine.draft import Draft
 from specbench.engine.proposer import Proposer, ProposerState
+from specbench.engine.slot_proposer import PerSlotProposer, SlotProposer
 from specbench.engine.static_llama import Attention, LlamaShape, MLP, StaticLlamaForCausalLM
 from specbench.engine.static_target import StaticTarget
 
@@ -208,22 +209,19 @@ def _draft_from_payload(payload: dict | None, device: torch.device) -> Draft | N
     return Draft(**moved)
 
 
-class RankZeroProposer(Proposer):
-    """``inner`` proposes on rank 0 only; its draft is broadcast so every rank verifies the same one. Every
-    other call (reserve, begin_request, max_draft_tokens) runs on every rank, so the decode loops agree."""
+class RankZeroProposer(SlotProposer):
+    """``inner`` (a slot proposer, or a per-sequence one as its one slot) proposes on rank 0 only; its drafts are
+    broadcast so every rank verifies the same ones. Every other call (reserve, begin_request, max_draft_tokens) runs
+    on every rank, so the decode loops agree."""
 
-    def __init__(self, inner: Proposer, group=None, device: torch.device | str = "cpu"):
-        self.inner = inner
+    def __init__(self, inner: SlotProposer | Proposer, group=None, device: torch.device | str = "cpu"):
+        self.inner = inner if isinstance(inner, SlotProposer) else PerSlotProposer([inner])
         self.group = group
         self.device = torch.device(device)
-        self.name = inner.name
+        self.name, self.describe = inner.name, inner.describe  # the proposer's own settings, per-sequence or not
         self.needs_hidden_states = inner.needs_hidden_states
         self.rank = dist.get_rank(group)
         self.drafts_received = 0  # drafts this rank verified that rank 0 proposed (tests read it)
-
-    @classmethod
-    def from_options(cls, target, **options) -> "RankZeroProposer":
-        raise TypeError("wrap a built proposer: RankZeroProposer(proposer, group, device)")
 
     @property
     def max_draft_tokens(self) -> int:
@@ -238,27 +236,24 @@ class RankZeroProposer(Proposer):
         if self.rank == 0:  # the other ranks never draft: no cache to size, no drafting graphs to capture
             self.inner.reserve(num_tokens)
 
-    def begin_request(self, prompt_ids: torch.Tensor) -> None:
-        self.inner.begin_request(prompt_ids)
+    def begin_request(self, slot: int, prompt_ids: torch.Tensor) -> None:
+        self.inner.begin_request(slot, prompt_ids)
 
-    def propose(self, state: ProposerState) -> Draft | None:
-        length = state.token_ids.numel()  # host-known: checks the ranks are in step without a device sync
-        draft = self.inner.propose(state) if self.rank == 0 else None
-        message = [(length, _draft_payload(draft)) if self.rank == 0 else None]
+    def propose(self, states: dict[int, ProposerState]) -> dict[int, Draft | None]:
+        lengths = {slot: state.token_ids.numel() for slot, state in states.items()}  # host-known: no device sync
+        drafts = self.inner.propose(states) if self.rank == 0 else None
+        message = [(lengths, {slot: _draft_payload(d) for slot, d in drafts.items()}) if self.rank == 0 else None]
         dist.broadcast_object_list(message, group_src=0, group=self.group, device=_object_device(self.device))
         if self.rank == 0:
-            return draft  # its own tensors: a static tree keeps its identity (the target skips rewriting buffers)
-        source_length, payload = message[0]
-        if source_length != length:
+            return drafts  # its own tensors: a static tree keeps its identity (the target skips rewriting buffers)
+        source_lengths, payloads = message[0]
+        if source_lengths != lengths:
             raise RuntimeError(
-                f"tensor-parallel ranks diverged: rank 0 drafts after {source_length} tokens, rank {self.rank} is at "
-                f"{length}; their logits differ (a missing all-reduce, or ranks fed different prompts)"
+                f"tensor-parallel ranks diverged: rank 0 drafts after {source_lengths} tokens (slot: length), rank "
+                f"{self.rank} is at {lengths}; their logits differ (a missing all-reduce, or ranks fed different prompts)"
             )
-        self.drafts_received += payload is not None
-        return _draft_from_payload(payload, self.device)
-
-    def describe(self) -> dict:
-        return self.inner.describe()
+        self.drafts_received += sum(payload is not None for payload in payloads.values())
+        return {slot: _draft_from_payload(payload, self.device) for slot, payload in payloads.items()}
 
 
 def _object_device(device: torch.device) -> torch.device | None:

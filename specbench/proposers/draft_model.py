@@ -1,18 +1,14 @@
 """Draft-model proposer: a small causal LM with the target's vocabulary drafts K tokens autoregressively per slot.
 
-The draft model runs as a :class:`~specbench.engine.target.Target` of the target's B slots, on the engine the target
-uses (``HFTarget``, one slot, beside an eager target; ``StaticTarget`` beside a static one, so its steps are
-graph-captured too), with its own KV cache. Each ``propose`` runs K batched draft forwards whatever B: one ragged
-catch-up step bringing every active slot's draft cache to its history, then K - 1 single-token steps. A slot keeps
-the K - 1 tokens it fed last time as far as the target accepted them, truncates the rest and feeds the new tokens
-(at least the root). The history beyond the slot's anchor is the accepted draft tokens, then one token of the
-target's own, so the kept count is ``min(fed, len(history) - anchor - 1)``: host-known from the lengths alone (the
-one-sequence rule, the common prefix of the fed tokens and the history capped one short of its end, is the same
-number whatever the target emitted). A new request (or a shorter history) is prefilled into its slot alone.
-
-Greedy drafts are argmaxes on the device, point masses to the verifier. With a draft ``temperature`` > 0 each slot
-samples with its own generator (seeded with ``seed`` at each request) and keeps its ``(K, V)`` draft
-probabilities, so rejection sampling stays lossless for any draft distribution (docs/verification.md).
+The draft model is a :class:`~specbench.engine.target.Target` of the target's B slots on the target's engine
+(``HFTarget``, one slot, beside an eager target; ``StaticTarget`` beside a static one, its steps graph-captured too)
+with its own KV cache. A ``propose`` call runs K batched draft forwards whatever B: one ragged catch-up step, then
+K - 1 single-token steps. In the catch-up a slot keeps the K - 1 tokens it fed last time as far as the target
+accepted them, ``min(fed, len(history) - anchor - 1)`` (the history beyond the anchor is the accepted draft tokens
+and one token of the target's own: host-known, nothing read back), truncates the rest and feeds the new tokens (at
+least the root); a new request is prefilled into its slot alone. Greedy drafts are argmaxes on the device; with a
+draft ``temperature`` > 0 each slot samples with its own generator (seeded with ``seed`` per request) and keeps its
+``(K, V)`` draft probabilities, so rejection sampling stays lossless for any draft (docs/verification.md).
 """
 
 from __future__ import annotations
@@ -57,11 +53,9 @@ class DraftModelProposer(SlotProposer):
         if path is not None:
             draft = _load_draft(path, target)
         if draft.vocab_size != target.vocab_size:
-            raise ValueError(
-                f"draft model {path or type(draft).__name__} has a vocabulary of {draft.vocab_size} tokens but the "
-                f"target's has {target.vocab_size}: a draft model must share the target's tokenizer; pick a draft "
-                "of the same model family"
-            )
+            raise ValueError(f"draft model {path or type(draft).__name__} has a vocabulary of {draft.vocab_size} tokens "
+                             f"but the target's has {target.vocab_size}: a draft model must share the target's "
+                             "tokenizer; pick a draft of the same model family")
         if draft.batch_size != target.batch_size:
             raise ValueError(f"the draft target has {draft.batch_size} slots but the target has {target.batch_size}: "
                              "pass a draft of the target's batch size (StaticTarget.with_batch_size)")
@@ -115,28 +109,24 @@ class DraftModelProposer(SlotProposer):
         if not states:
             return {}
         draft, batch = self.draft, self.draft.batch_size
-        for slot in range(batch):  # a slot no longer decoding frees its rows
-            if slot not in states:
-                self._reset(slot)
-        token, probs = self._pick(self._catch_up(states), states)  # (B,), (B, V) or None
-        columns, distributions = [token], [probs]
-        if self.k > 1:
-            live = [int(b in states) for b in range(batch)]
-            kept = host_to_device(live, draft.device)  # (B,) one node kept per active slot, 0 idle
-            for _ in range(self.k - 1):  # the last draft token is never fed: the target verifies it
-                inputs = [SlotInput([], [0], tail=token[b : b + 1]) if live[b] else None for b in range(batch)]
-                logits = draft.verify(inputs).logits  # (B, 1, V)
-                draft.commit_accepted(kept, None, lambda: live)
-                token, probs = self._pick(logits[:, 0], states)  # (B,), (B, V) or None
-                columns.append(token)
-                distributions.append(probs)
-        tokens = torch.stack(columns, dim=1)  # (B, K)
+        for slot in set(range(batch)) - set(states):  # a slot no longer decoding frees its rows
+            self._reset(slot)
+        picks = [self._pick(self._catch_up(states), states)]  # per draft position: (B,) tokens, (B, V) probs or None
+        live = [int(b in states) for b in range(batch)]
+        kept = host_to_device(live, draft.device) if self.k > 1 else None  # (B,) one node per active slot, 0 idle
+        for _ in range(self.k - 1):  # the last draft token is never fed: the target verifies it
+            token = picks[-1][0]  # (B,)
+            logits = draft.verify([SlotInput([], [0], tail=token[b : b + 1]) if live[b] else None
+                                   for b in range(batch)]).logits  # (B, 1, V)
+            draft.commit_accepted(kept, None, lambda: live)
+            picks.append(self._pick(logits[:, 0], states))
+        tokens = torch.stack([token for token, _ in picks], dim=1)  # (B, K)
         drafts = {}
         for slot in states:
             self._fed[slot] = self.k - 1
             drafts[slot] = self._template.with_tokens(tokens[slot])
             if self.temperature > 0:
-                drafts[slot].draft_probs = torch.stack([p[slot] for p in distributions])  # (K, V)
+                drafts[slot].draft_probs = torch.stack([probs[slot] for _, probs in picks])  # (K, V)
         return drafts
 
     def _pick(self, logits: torch.Tensor, states) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -168,8 +158,9 @@ class DraftModelProposer(SlotProposer):
                 new = state.token_ids[keep:]  # (n,) n >= 1, device-held
                 inputs[slot] = SlotInput([], list(range(new.numel())), tail=new)
             self._anchor[slot], self._fed[slot] = length, 0
-        logits = None
-        if any(x is not None for x in inputs):
+        if all(x is None for x in inputs):  # every active slot was prefilled
+            logits = torch.zeros(batch, draft.vocab_size, device=draft.device)  # (B, V)
+        else:
             if truncate:
                 draft.truncate(truncate)
             counts = [0 if x is None else len(x) for x in inputs]
@@ -177,8 +168,6 @@ class DraftModelProposer(SlotProposer):
             last = host_to_device([max(n - 1, 0) for n in counts], draft.device)  # (B,)
             draft.commit_accepted(host_to_device(counts, draft.device), None, lambda: counts)
             logits = out[self._rows, last]  # (B, V)
-        if logits is None:  # every active slot was prefilled
-            logits = torch.zeros(batch, draft.vocab_size, device=draft.device)  # (B, V)
         for slot, row in prefilled.items():
             logits[slot] = row
         return logits
