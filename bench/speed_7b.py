@@ -178,14 +178,13 @@ def measure_engine(target, prompt, truth, args) -> dict:
 def measure_draft_model(target, prompt, args) -> dict:
     """A draft model's cost per step on this target: the synthetic ~1B Llama (``--draft-dir``, same 32,000
     vocabulary) drafting K=3 on the target's engine, step costs timed as the harness does, and tok/s."""
-    from specbench.engine.slot_proposer import PerSlotProposer
     from specbench.run.step_costs import measure_step_costs
     from specbench.proposers.draft_model import DraftModelProposer
 
     proposer = DraftModelProposer.from_options(target, path=str(Path(args.draft_dir) / "target"), num_speculative_tokens=3)
     proposer.reserve(prompt.numel() + args.new_tokens + 80)
     decode_rate(target, proposer, prompt, 8)  # warm-up: the draft's own graphs are captured here
-    costs = measure_step_costs(target, PerSlotProposer([proposer]), [prompt], reps=args.reps)  # as Decoder wraps it
+    costs = measure_step_costs(target, proposer, [prompt], reps=args.reps)  # a slot proposer, as Decoder runs it
     rate = decode_rate(target, proposer, prompt, args.new_tokens)
     return {**costs.to_dict(), "tokens_per_s": rate["tokens_per_s"], "mean_acceptance_length": rate["mean_acceptance_length"],
             "draft_capture_seconds": getattr(proposer.draft, "capture_seconds", 0.0)}

@@ -1,18 +1,18 @@
-"""The batched draft-model proposer: on the reference model and its draft (fp32, CPU, greedy) every request of a run
-at B = 1, 3 and B larger than the queue drafts exactly what the per-sequence proposer drafts alone on the eager
+"""The draft-model proposer of B slots: on the reference model and its draft (fp32, CPU, greedy) every request of a
+run at B = 1, 3 and B larger than the queue drafts exactly what the one-slot proposer drafts alone on the eager
 reference target and produces the tokens and counters it produces there (mixed prompt lengths, EOS at different
-steps, refills); ``for_batch`` picks it; the draft runs K batched forwards per verify step whatever B and the step's
-readback stays its one host read; a sampled draft stays per slot."""
+steps, refills); ``for_batch`` builds it; the draft runs K batched forwards per verify step whatever B and the step's
+readback stays its one host read; a sampled draft is batched too, each slot sampling what it samples alone."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from specbench.engine.decode import Decoder
+from specbench.engine.decode import Decoder, GenerationConfig
+from specbench.engine.sampling import SamplingParams
 from specbench.engine.static_target import StaticTarget
 from specbench.proposers.batched import for_batch
-from specbench.proposers.batched_draft import BatchedDraftModelProposer, PerSlotDraftModelProposer
 from specbench.proposers.draft_model import DraftModelProposer
 import test_batched_engine
 from test_batched_engine import assert_each_request_as_alone
@@ -32,21 +32,21 @@ def draft_model():
 
 
 def single_proposer(target, draft, k: int, temperature: float = 0.0) -> DraftModelProposer:
-    """A per-sequence draft-model proposer for ``target`` with its own draft cache over the shared draft weights."""
+    """A one-slot draft-model proposer for ``target`` with its own draft cache over the shared draft weights."""
     return DraftModelProposer.from_options(target, draft=StaticTarget(draft.module, draft.config),
                                            num_speculative_tokens=k, temperature=temperature)
 
 
-def draft_forwards(proposer: BatchedDraftModelProposer) -> int:
+def draft_forwards(proposer: DraftModelProposer) -> int:
     """Batched verify forwards the draft target has run (prefills not counted)."""
-    return sum(sum(widths.values()) for widths in proposer.target.verify_widths.values())
+    return sum(sum(widths.values()) for widths in proposer.draft.verify_widths.values())
 
 
-def decode_batched_recording(static, draft, prompts, config, k: int, batch_size: int):
+def decode_batched_recording(static, draft, prompts, config, k: int, batch_size: int, temperature: float = 0.0):
     """The prompts through Decoder with ``for_batch``'s form of the draft-model proposer; returns (results,
     decoder, each request's drafts, per propose call (active slots, slots new to the draft, draft forwards))."""
-    proposer = for_batch(single_proposer(static, draft, k), batch_size)
-    assert isinstance(proposer, BatchedDraftModelProposer)
+    proposer = for_batch(single_proposer(static, draft, k, temperature), batch_size)
+    assert isinstance(proposer, DraftModelProposer) and proposer.draft.batch_size == batch_size
     request_of, drafts, calls, new = {}, [[] for _ in prompts], [], set()
     begin, propose = proposer.begin_request, proposer.propose
 
@@ -62,6 +62,9 @@ def decode_batched_recording(static, draft, prompts, config, k: int, batch_size:
         new.difference_update(states)
         for slot, d in out.items():
             drafts[request_of[slot]].append(d.tokens.tolist())
+            # greedy: point masses; sampled: (K, V) the distributions the slot's own draws came from
+            assert (None if d.draft_probs is None else tuple(d.draft_probs.shape)) == (
+                None if temperature == 0 else (k, static.vocab_size))
         return out
 
     proposer.begin_request, proposer.propose = begin_request, propose_recording
@@ -90,7 +93,7 @@ def test_batched_draft_model_equals_the_eager_reference_run(reference, draft_mod
     assert_each_request_as_alone(batched, alone)
     assert decoder.stats.num_refills == max(0, len(prompts) - batch_size)
     assert len(calls) == decoder.stats.num_steps
-    widths = decoder.proposer.target.verify_widths
+    widths = decoder.proposer.draft.verify_widths
     assert set(widths["chain"]) == {2} and widths["chain"][2] > 0  # two-token catch-ups: every draft token accepted
     # K = 3 draft forwards per verify step whatever B (K - 1 when every slot was just prefilled), not B x K
     assert all(forwards == (2 if fresh == active else 3) for active, fresh, forwards in calls), calls
@@ -119,7 +122,7 @@ def test_each_step_reads_the_device_once_with_the_batched_draft(reference, draft
     static, _, prompts, config = reference
     batched, decoder, steps = counted_run(static, lambda target: single_proposer(target, draft_model, 3), prompts,
                                           config, batch_size, monkeypatch)
-    assert isinstance(decoder.proposer, BatchedDraftModelProposer)
+    assert isinstance(decoder.proposer, DraftModelProposer) and decoder.proposer.draft.batch_size == batch_size
     assert_each_request_as_alone(batched, alone_k3[0])
     assert len(steps) == decoder.stats.num_steps > 0 and set(steps) == {(1, 1)}, steps
 
@@ -129,10 +132,10 @@ def test_the_draft_steps_replay_captured_graphs_as_eagerly(reference, draft_mode
     once, before the run (prepare_steps), and replays them."""
     static, _, prompts, config = reference
     proposer = for_batch(single_proposer(static, draft_model, 3), 3)
-    proposer.target = draft_model.with_batch_size(3, cuda_graphs=True, graph_backend=FakeCapture())
+    proposer.draft = draft_model.with_batch_size(3, cuda_graphs=True, graph_backend=FakeCapture())
     decoder = Decoder(static.with_batch_size(3), proposer, config)
     proposer.reserve(max(p.numel() for p in prompts) + config.max_new_tokens + 3)  # what the decoder's reserve asks
-    graphs = proposer.target.graphs
+    graphs = proposer.draft.graphs
     prepared = dict(graphs.captures)
     assert {key[:2] for key in prepared} == {("plain", 1), ("chain", 2)} and set(prepared.values()) == {1}
     assert_each_request_as_alone(decoder.generate_all(prompts), alone_k3[0])
@@ -140,20 +143,39 @@ def test_the_draft_steps_replay_captured_graphs_as_eagerly(reference, draft_mode
     assert sum(graphs.replays.values()) > 2 * len(prepared), graphs.replays  # the steps replayed them
 
 
-def test_for_batch_keeps_a_sampled_draft_per_slot(reference, draft_model):
+def test_for_batch_builds_the_draft_model_of_b_slots_greedy_or_sampled(reference, reference_eager, draft_model):
     static, _, _, _ = reference
     greedy = for_batch(single_proposer(static, draft_model, 3), 2)
-    assert isinstance(greedy, BatchedDraftModelProposer) and greedy.target.batch_size == 2
-    assert greedy.target.module is draft_model.module  # the draft's weights are shared, not copied
+    assert isinstance(greedy, DraftModelProposer) and greedy.draft.batch_size == 2
+    assert greedy.draft.module is draft_model.module  # the draft's weights are shared, not copied
     described = greedy.describe()
     assert described["name"] == "draft" and described["num_speculative_tokens"] == 3
     assert described["batching"].startswith("batched draft model")
-    sampled = single_proposer(static, draft_model, 3, temperature=1.0)
-    with pytest.raises(ValueError, match=r"DraftModelProposer keeps per-request state .* pass factory="):
-        for_batch(sampled, 2)
-    per_slot = for_batch(sampled, 2, factory=lambda: single_proposer(static, draft_model, 3, temperature=1.0))
-    assert isinstance(per_slot, PerSlotDraftModelProposer) and len(per_slot.proposers) == 2
-    assert per_slot.describe()["batching"] == "per-slot (temperature > 0 draft: not batched)"
+    sampled = for_batch(single_proposer(static, draft_model, 3, temperature=1.0), 2)  # no factory: batched too
+    assert isinstance(sampled, DraftModelProposer) and sampled.draft.batch_size == 2
+    assert sampled.draft.module is draft_model.module and len(sampled.generators) == 2
+    assert sampled.describe()["temperature"] == 1.0 and sampled.describe()["batching"] == "batched draft model"
+    eager = DraftModelProposer.from_options(reference_eager, draft=reference_eager, num_speculative_tokens=3)
+    assert for_batch(eager, 1) is eager  # one slot: the proposer itself
+    with pytest.raises(ValueError, match=r"eager engine \(HFTarget, one slot\), so it cannot draft for 2 slots; "
+                                         r"set engine = \"static\""):
+        for_batch(eager, 2)
+
+
+@pytest.mark.parametrize("batch_size", [2, 3])
+def test_sampled_drafts_at_b_slots_are_each_slots_own_draws_alone(reference, draft_model, batch_size):
+    """Draft and target both sample at temperature 1: each slot draws with its own generator, seeded per request as
+    the one-slot proposer seeds it, so every request's drafts, tokens and counters at B slots are those it gets alone."""
+    static, _, prompts, config = reference
+    sampled = GenerationConfig(max_new_tokens=config.max_new_tokens, eos_token_ids=config.eos_token_ids, seed=3,
+                               sampling=SamplingParams(temperature=1.0))
+    make = lambda: single_proposer(static, draft_model, 3, temperature=1.0)  # noqa: E731
+    alone, alone_drafts = decode_alone_recording(static, make, prompts, sampled)
+    accepted = sum(r.counters.num_accepted_tokens for r in alone)
+    assert 0 < accepted < sum(r.counters.num_draft_tokens for r in alone)  # acceptances and rejections
+    batched, _, drafts, _ = decode_batched_recording(static, draft_model, prompts, sampled, 3, batch_size, temperature=1.0)
+    assert drafts == alone_drafts
+    assert_each_request_as_alone(batched, alone)
 
 
 def test_truncate_refuses_lengths_beyond_the_committed_cache(draft_model):

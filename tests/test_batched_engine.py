@@ -1,6 +1,6 @@
 """The static engine at any batch size: every request of a run at B = 1, 2, 3 and B larger than the queue equals its
-decode on the eager reference target (tokens and counters) for plain, n-gram, Medusa chain and tree and the per-slot
-draft-model fallback, with mixed prompt lengths and EOS mid-run (slots refilled); sampled slots keep the target
+decode on the eager reference target (tokens and counters) for plain, n-gram, Medusa chain and tree and the draft
+model, with mixed prompt lengths and EOS mid-run (slots refilled); sampled slots keep the target
 distribution; bad batch sizes and caches that cannot fit are refused before anything is allocated."""
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from specbench.medusa.heads import MedusaHeads
 from specbench.proposers.draft_model import DraftModelProposer
 from specbench.proposers.medusa import MedusaProposer
 from specbench.proposers.ngram import NgramProposer
+from specbench.proposers.scripted import ScriptedProposer
 from _prompts import random_prompt, repetitive_prompt
 
 VOCAB, HIDDEN = 256, 64
@@ -199,28 +200,30 @@ def test_tree_commits_gather_accepted_paths_per_slot(reference):
     torch.testing.assert_close(kv[:, :, 1], written[:, :, 1], atol=0, rtol=0)  # slot 1 needed no move
 
 
-def test_draft_model_through_the_per_slot_fallback_equals_the_eager_reference(reference, reference_eager):
+def test_draft_model_of_b_slots_equals_the_eager_reference(reference, reference_eager):
     static, _, prompts, config = reference
     draft = StaticTarget.from_pretrained("specbench-ref/gsm8k-tiny-draft", dtype=torch.float32, device="cpu")
 
-    def make(target=static):  # one proposer per slot, each with its own draft cache over the shared draft weights
+    def make(target=static):  # a draft-model proposer with its own draft cache over the shared draft weights
         return DraftModelProposer.from_options(target, draft=StaticTarget(draft.module, draft.config),
                                                num_speculative_tokens=3)
 
     alone = decode_alone(reference_eager, make, prompts[:3], config)
     assert sum(r.counters.num_accepted_tokens for r in alone) > 0
-    batched, decoder, _ = decode_batched(static, lambda target: None, prompts[:3], config, 2, factory=make)
-    assert isinstance(decoder.proposer, PerSlotProposer)
+    batched, decoder, _ = decode_batched(static, make, prompts[:3], config, 2)
+    assert isinstance(decoder.proposer, DraftModelProposer) and decoder.proposer.draft.batch_size == 2
     assert_each_request_as_alone(batched, alone)
     assert decoder.stats.num_refills == 1
 
 
 def test_a_proposer_without_a_batched_form_needs_a_factory(reference):
     static, _, _, _ = reference
-    # a sampled draft has no batched form (a greedy one does: tests/test_batched_draft.py)
-    draft = DraftModelProposer.from_options(static, draft=static, num_speculative_tokens=2, temperature=1.0)
-    with pytest.raises(ValueError, match=r"DraftModelProposer keeps per-request state .* pass factory="):
-        for_batch(draft, 2)
+    # the scripted oracle has no batched form (the draft model, greedy or sampled, has: tests/test_batched_draft.py)
+    scripted = ScriptedProposer(truth=[5, 6, 7], num_speculative_tokens=2, vocab_size=static.vocab_size)
+    with pytest.raises(ValueError, match=r"ScriptedProposer keeps per-request state .* pass factory="):
+        for_batch(scripted, 2)
+    per_slot = for_batch(scripted, 2, factory=lambda: ScriptedProposer([5, 6, 7], 2, static.vocab_size))
+    assert isinstance(per_slot, PerSlotProposer) and len(per_slot.proposers) == 2
 
 
 # --- sampling: each slot keeps the target distribution ------------------------------------------------------

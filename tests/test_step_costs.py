@@ -233,7 +233,7 @@ def _medusa(static, heads, **options):
 
 
 def _draft_model(static):
-    """A greedy draft model of the target's own weights (batched: BatchedDraftModelProposer); every draft is accepted."""
+    """A greedy draft model of the target's own weights (for_batch builds its B-slot form); every draft is accepted."""
     return DraftModelProposer(StaticTarget.from_hf_model(tiny_llama(seed=0)), num_speculative_tokens=3)
 
 

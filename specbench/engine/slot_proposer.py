@@ -38,8 +38,8 @@ class SlotProposer(ABC):
 
 
 class PerSlotProposer(SlotProposer):
-    """One per-sequence :class:`Proposer` per slot, called in turn (n-gram on each slot's host mirror; the
-    sampled draft models and any proposer without a batched form: docs/batching.md)."""
+    """One per-sequence :class:`Proposer` per slot, called in turn (n-gram on each slot's host mirror, and any
+    proposer without a batched form: docs/batching.md)."""
 
     def __init__(self, proposers: list[Proposer]):
         if not proposers:

@@ -1,4 +1,4 @@
-"""A proposer for B slots: Medusa as it is, greedy draft models and EAGLE heads in batched form; the rest per slot."""
+"""A proposer's form for B slots: slot proposers as they are or rebuilt for B, EAGLE's batched heads, the rest per slot."""
 
 from __future__ import annotations
 
@@ -6,27 +6,21 @@ from typing import Callable
 
 from specbench.engine.slot_proposer import SlotProposer, PerSlotProposer
 from specbench.engine.proposer import Proposer
-from specbench.proposers.batched_draft import BatchedDraftModelProposer, PerSlotDraftModelProposer
 from specbench.proposers.batched_eagle import BatchedEagleProposer
-from specbench.proposers.draft_model import DraftModelProposer
 from specbench.proposers.eagle import EagleProposer
 from specbench.proposers.ngram import NgramProposer
 
 
 def for_batch(proposer: Proposer | None, batch_size: int, factory: Callable[[], Proposer] | None = None):
-    """The batched form of a proposer: Medusa, a greedy draft model and EAGLE (EAGLE-1/2/3 heads: chain, static
-    and dynamic tree) batched; n-gram one per slot with its settings; anything else (a sampled draft model, ...)
-    one per slot from ``factory`` (a proposer keeps per-request state, so one instance cannot serve two slots)."""
+    """``proposer`` for ``batch_size`` slots: a slot proposer as it is (Medusa's heads serve any B) or rebuilt for B
+    (``with_batch_size``: the draft model over the same draft weights); EAGLE (EAGLE-1/2/3 heads: chain, static and
+    dynamic tree) batched; n-gram one per slot with its settings; anything else one per slot from ``factory`` (a
+    proposer keeps per-request state, so one instance cannot serve two slots)."""
     if proposer is None and factory is None:
         return None
-    if isinstance(proposer, SlotProposer):  # Medusa's heads: one form for any number of slots
-        return proposer
-    if isinstance(proposer, DraftModelProposer):
-        batched = BatchedDraftModelProposer.from_proposer(proposer, batch_size)
-        if batched is not None:
-            return batched
-        if factory is not None:
-            return PerSlotDraftModelProposer.build(factory, batch_size)
+    if isinstance(proposer, SlotProposer):
+        resize = getattr(proposer, "with_batch_size", None)
+        return proposer if resize is None else resize(batch_size)
     if isinstance(proposer, EagleProposer):
         return BatchedEagleProposer.from_proposer(proposer, batch_size)
     if factory is None and isinstance(proposer, NgramProposer):
