@@ -3,16 +3,21 @@
 from __future__ import annotations
 
 from specbench.engine.decode import Decoder
+from specbench.engine.slot_proposer import SlotProposer
 
 
 def decode_alone_recording(target, make, prompts, config):
     """Each prompt alone through the Decoder on ``target`` (the eager reference, or a static target of batch size 1)
-    with a fresh ``make()`` proposer; (results, each request's drafts as token lists)."""
+    with a fresh ``make()`` proposer (per sequence, or a slot proposer of one slot); (results, each request's
+    drafts as token lists)."""
     results, drafts = [], []
     for prompt in prompts:
         proposer, seen = make(), []
         propose = proposer.propose
-        proposer.propose = lambda state, propose=propose, seen=seen: _keep(seen, propose(state))
+        if isinstance(proposer, SlotProposer):  # one slot: slot 0's draft
+            proposer.propose = lambda states, propose=propose, seen=seen: {0: _keep(seen, propose(states)[0])}
+        else:
+            proposer.propose = lambda state, propose=propose, seen=seen: _keep(seen, propose(state))
         results.append(Decoder(target, proposer, config).generate(prompt))
         drafts.append(seen)
     return results, drafts

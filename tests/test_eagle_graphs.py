@@ -41,10 +41,10 @@ class ReplayingGraph:
     def __init__(self, forward, inputs, outputs):
         self.forward, self.inputs, self.outputs = forward, inputs, outputs
         self.owner = forward.__self__  # the CapturedHead
-        self.kv = self.owner.head.cache.kv
+        self.kv = self.owner.cache.kv
 
     def replay(self) -> None:
-        assert self.owner.head.cache.kv is self.kv, "replayed a graph captured over another draft cache"
+        assert self.owner.cache.kv is self.kv, "replayed a graph captured over another draft cache"
         for out, new in zip(self.outputs, self.forward(self.inputs)):
             out.copy_(new)
 
@@ -82,9 +82,9 @@ def counting(proposer) -> list:
     """Count ``proposer.propose`` calls (an instance attribute, which the decoder calls)."""
     calls, inner = [], proposer.propose
 
-    def propose(state):
+    def propose(states):
         calls.append(1)
-        return inner(state)
+        return inner(states)
 
     proposer.propose = propose
     return calls
@@ -96,13 +96,13 @@ def oracle_driven(proposer, truth: list[int]) -> list:
     oracle = ScriptedProposer(truth, 3, VOCAB, wrong_positions={2, 7, 8, 13})
     drafts, inner, begin = [], proposer.propose, proposer.begin_request
 
-    def propose(state):
-        draft = inner(state)
+    def propose(states):
+        draft = inner(states)[0]
         drafts.append((draft.tokens.cpu().clone(), draft.parents.cpu().clone()))
-        return oracle.propose(state)
+        return {0: oracle.propose(states[0])}
 
-    def begin_request(prompt_ids):
-        begin(prompt_ids)
+    def begin_request(slot, prompt_ids):
+        begin(slot, prompt_ids)
         oracle.begin_request(prompt_ids)
 
     proposer.propose, proposer.begin_request = propose, begin_request
@@ -170,7 +170,7 @@ def test_graphs_follow_the_target():
     proposer = build_proposer(label, graphed, graph_backend=FakeCapture())
     decode_all(graphed, proposer, PROMPTS[:1])
     before = dict(proposer.captured.graphs.captures)
-    proposer.reserve(4 * proposer.head.cache.capacity)  # a larger draft cache: the graphs over the old one go
+    proposer.reserve(4 * proposer.cache.capacity)  # a larger draft cache: the graphs over the old one go
     decode_all(graphed, proposer, PROMPTS[:1])
     assert set(proposer.captured.graphs.captures) == set(before)
     assert all(n == 2 for n in proposer.captured.graphs.captures.values())

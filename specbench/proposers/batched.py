@@ -1,4 +1,5 @@
-"""Batched forms of the runtime proposers: Medusa heads, greedy draft models and EAGLE heads over all slots at once; the rest per slot."""
+"""Batched forms of the runtime proposers: Medusa heads and greedy draft models over all slots at once, a slot
+proposer (EAGLE) rebuilt for the batch size; the rest per slot."""
 
 from __future__ import annotations
 
@@ -10,9 +11,7 @@ from specbench.engine.slot_proposer import SlotProposer, PerSlotProposer
 from specbench.engine.draft import Draft
 from specbench.engine.proposer import Proposer, ProposerState
 from specbench.proposers.batched_draft import BatchedDraftModelProposer, PerSlotDraftModelProposer
-from specbench.proposers.batched_eagle import BatchedEagleProposer
 from specbench.proposers.draft_model import DraftModelProposer
-from specbench.proposers.eagle import EagleProposer
 from specbench.proposers.medusa import MedusaProposer
 from specbench.proposers.ngram import NgramProposer
 
@@ -62,12 +61,15 @@ class BatchedMedusaProposer(SlotProposer):
         return {**self.medusa.describe(), "batching": "batched heads"}
 
 
-def for_batch(proposer: Proposer | None, batch_size: int, factory: Callable[[], Proposer] | None = None):
-    """The batched form of a proposer: Medusa, a greedy draft model and EAGLE (EAGLE-1/2/3 heads: chain, static
-    and dynamic tree) batched; n-gram one per slot with its settings; anything else (a sampled draft model, ...)
-    one per slot from ``factory`` (a proposer keeps per-request state, so one instance cannot serve two slots)."""
+def for_batch(proposer: Proposer | SlotProposer | None, batch_size: int, factory: Callable[[], Proposer] | None = None):
+    """The batched form of a proposer: a slot proposer (EAGLE-1/2/3 heads: chain, static and dynamic tree) for
+    ``batch_size`` slots; Medusa and a greedy draft model batched; n-gram one per slot with its settings; anything
+    else (a sampled draft model, ...) one per slot from ``factory`` (a proposer keeps per-request state, so one
+    instance cannot serve two slots)."""
     if proposer is None and factory is None:
         return None
+    if isinstance(proposer, SlotProposer):
+        return proposer.with_batch_size(batch_size)
     if isinstance(proposer, MedusaProposer):
         return BatchedMedusaProposer(proposer)
     if isinstance(proposer, DraftModelProposer):
@@ -76,8 +78,6 @@ def for_batch(proposer: Proposer | None, batch_size: int, factory: Callable[[], 
             return batched
         if factory is not None:
             return PerSlotDraftModelProposer.build(factory, batch_size)
-    if isinstance(proposer, EagleProposer):
-        return BatchedEagleProposer.from_proposer(proposer, batch_size)
     if factory is None and isinstance(proposer, NgramProposer):
         settings = proposer.describe()
         factory = lambda: NgramProposer(settings["num_speculative_tokens"], settings["min_n"], settings["max_n"],  # noqa: E731
