@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from specbench.eagle.captured import CATCH_UP
 from specbench.eagle.draft_head import BatchedDraftKVCache, DraftKVCache
 from specbench.engine.decode import Decoder, GenerationConfig
 from specbench.engine.hf_target import HFTarget
@@ -23,6 +24,7 @@ from test_batched_engine import assert_each_request_as_alone, eos_mid_run, refer
 from test_batched_host_sync import counted_run
 from _host_reads import HostReads
 from test_eagle import SMALL_TREE, random_head
+from test_eagle_graphs import FakeCapture
 from test_eagle3 import deep_llama, random_head3
 from test_static_target import build
 
@@ -215,6 +217,17 @@ def test_reference_heads_batched_equal_the_eager_reference_run(reference, refere
         assert drafts == alone_drafts, batch_size
         assert_each_request_as_alone(batched, alone)
         assert {forwards for _, forwards in calls} == {expected_forwards(decoder.proposer)}
+    # the same three slots drafting through captured steps (the CPU stand-in for CUDA graphs), ragged catch-ups
+    # padded to the widest slot: each (kind, width) captured once, by reserve, and replayed
+    graphed = lambda: cls.from_options(static, head=head, cuda_graphs=True, graph_backend=FakeCapture(), **options)  # noqa: E731
+    batched, decoder, drafts, calls = decode_batched_recording(static, graphed, prompts, config, 3)
+    assert drafts == alone_drafts
+    assert_each_request_as_alone(batched, alone)
+    graphs = decoder.proposer.captured.graphs
+    assert graphs.enabled and set(graphs.captures.values()) == {1}
+    widths = set(range(1, decoder.proposer.max_depth + 2))  # accepted + 1: every catch-up a step can bring
+    assert {width for kind, width in graphs.captures if kind == CATCH_UP} == widths
+    assert sum(n for (kind, _), n in graphs.replays.items() if kind == CATCH_UP) > len(widths)  # replayed in decoding
 
 
 def test_a_growing_draft_cache_keeps_the_expansion_entries_past_the_committed_lengths():

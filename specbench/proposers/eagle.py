@@ -46,35 +46,16 @@ def target_hidden_size(target) -> int:
     return int(hidden)
 
 
-def target_captures_steps(target) -> bool:
-    """Whether the draft's forwards are captured beside ``target``: a StaticTarget with CUDA graphs on (as the
-    draft-model proposer's own StaticTarget is); the eager engine keeps eager drafting."""
-    from specbench.engine.static_target import StaticTarget  # the static engine loads only when asked for
-
-    return isinstance(target, StaticTarget) and target.cuda_graphs
-
-
 @register_proposer
 class EagleProposer(SlotProposer):
     name = "eagle"
     needs_hidden_states = True
     head_label, head_type = "EAGLE", "EagleHead"  # how from_options' refusals name the head
 
-    def __init__(
-        self,
-        head: EagleHead,
-        lm_head: nn.Module,
-        embedding: nn.Module | None = None,
-        *,
-        batch_size: int = 1,
-        num_speculative_tokens: int | None = None,
-        tree: TreeSpec | None = None,
-        top_k: int | None = None,
-        depth: int | None = None,
-        total_tokens: int | None = None,
-        cuda_graphs: bool = False,
-        graph_backend: GraphBackend | None = None,
-    ):
+    def __init__(self, head: EagleHead, lm_head: nn.Module, embedding: nn.Module | None = None, *, batch_size: int = 1,
+                 num_speculative_tokens: int | None = None, tree: TreeSpec | None = None, top_k: int | None = None,
+                 depth: int | None = None, total_tokens: int | None = None, cuda_graphs: bool = False,
+                 graph_backend: GraphBackend | None = None):
         """``cuda_graphs``: capture the draft's forwards (on CUDA, or through ``graph_backend``, a test's stand-in)."""
         dynamic = {"top_k": top_k, "depth": depth, "total_tokens": total_tokens}
         given = [name for name, on in (("num_speculative_tokens", num_speculative_tokens is not None),
@@ -145,20 +126,10 @@ class EagleProposer(SlotProposer):
         return other
 
     @classmethod
-    def from_options(
-        cls,
-        target,
-        *,
-        head: EagleHead | None = None,
-        path: str | None = None,
-        num_speculative_tokens: int | None = None,
-        tree: TreeSpec | None = None,
-        top_k: int | None = None,
-        depth: int | None = None,
-        total_tokens: int | None = None,
-        cuda_graphs: bool | None = None,
-        graph_backend: GraphBackend | None = None,
-    ) -> "EagleProposer":
+    def from_options(cls, target, *, head: EagleHead | None = None, path: str | None = None,
+                     num_speculative_tokens: int | None = None, tree: TreeSpec | None = None, top_k: int | None = None,
+                     depth: int | None = None, total_tokens: int | None = None, cuda_graphs: bool | None = None,
+                     graph_backend: GraphBackend | None = None) -> "EagleProposer":
         """A head from ``head`` (a module) or ``path`` (a checkpoint reference), moved to the target's device and
         dtype, for the target's batch size; the target's lm_head scores its outputs and its embedding serves heads
         without embed_tokens. ``cuda_graphs`` None captures the draft's forwards exactly when the target captures
@@ -168,7 +139,8 @@ class EagleProposer(SlotProposer):
             raise ValueError(f"{cls.head_label} needs exactly one of head (an {cls.head_type}) or path (a checkpoint); "
                              f"got head={type(head).__name__ if head is not None else None}, path={path!r}")
         head = cls._target_head(target, head, path).to(device=target.device, dtype=target.dtype)
-        cuda_graphs = target_captures_steps(target) if cuda_graphs is None else cuda_graphs
+        if cuda_graphs is None:  # as the target's steps: captured on a static target with graphs on, else eager
+            cuda_graphs = bool(getattr(target, "cuda_graphs", False))
         drafting = dict(batch_size=target.batch_size, num_speculative_tokens=num_speculative_tokens, tree=tree,
                         top_k=top_k, depth=depth, total_tokens=total_tokens, cuda_graphs=cuda_graphs,
                         graph_backend=graph_backend)
