@@ -11,6 +11,7 @@ from torch import nn
 
 from specbench.eagle.draft_head import EagleHead
 from specbench.engine.graph_capture import StepGraphs
+from specbench.engine.step_inputs import scatter_rows
 from specbench.engine.transfers import host_to_device
 
 CATCH_UP, EXPAND = "catch_up", "expand"  # the step kinds: graph keys are (kind, width)
@@ -77,20 +78,28 @@ class CapturedHead:
         self.slots.copy_(host_to_device([starts, [n - 1 for n in counts], committed], self.slots.device))  # (3, B)
         self._widest = (max(s + n for s, n in zip(starts, counts)), max(committed))  # the last live entries
 
-    def catch_up(self, tokens: torch.Tensor, features: torch.Tensor, *, graph: bool) -> tuple[torch.Tensor, torch.Tensor]:
-        """Each slot's catch-up rows ``tokens`` ``(B, W)``, ``features`` ``(B, W, F)`` at entries and positions
-        ``start + arange(W)``, causal after the start: the root's output ``(B, H)`` and logits ``(B, V)`` (its last
-        live row's). ``graph``: through the (catch-up, W) graph; else eagerly (a request's first, its prompt)."""
-        batch, width = tokens.shape
+    def catch_up(self, parts: list[tuple[int, torch.Tensor, torch.Tensor]], width: int, *,
+                 replayable: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each active slot's catch-up rows, ``(slot, tokens (n,), features (n, F))`` of ``parts``, at entries and
+        positions ``start + arange(n)``, causal after the start, in one step of ``width`` rows per slot: the root's
+        output ``(B, H)`` and logits ``(B, V)`` (its last live row's; idle rows: anything). ``replayable``: a step's
+        catch-up, run as its (catch-up, W) step (a graph replay when graphs are on); else once, eagerly over
+        buffers of its own (a request's first: its prompt, a new width each)."""
         self.reserve(self._widest[0])
-        if graph:
-            buffers = self._buffers(CATCH_UP, width, features.shape[-1], width)
+        feature_width, kv = parts[0][2].shape[-1], self.cache.kv
+        if replayable:
+            buffers = self._buffers(CATCH_UP, width, feature_width, width)
         else:
-            buffers = HeadStepBuffers.allocate(CATCH_UP, batch, width, features.shape[-1], width,
-                                               dtype=self.cache.kv.dtype, device=self.cache.kv.device)
-        buffers.tokens.copy_(tokens)
-        buffers.features.copy_(features)
-        return self.graphs.run((CATCH_UP, width), buffers, self._forward) if graph else self._forward(buffers)
+            buffers = HeadStepBuffers.allocate(CATCH_UP, kv.shape[1], width, feature_width, width, dtype=kv.dtype,
+                                               device=kv.device)
+        if len(parts) == 1:  # one slot: two copies, no index to upload
+            slot, tokens, features = parts[0]
+            buffers.tokens[slot, : tokens.numel()].copy_(tokens)
+            buffers.features[slot, : tokens.numel()].copy_(features)
+        else:  # rows past a slot's count keep what they held: they write the scratch entry, which no live row sees
+            index = scatter_rows(buffers.tokens, [(slot, 0, tokens) for slot, tokens, _ in parts], kv.device)
+            scatter_rows(buffers.features, [(slot, 0, features) for slot, _, features in parts], kv.device, index)
+        return self.graphs.run((CATCH_UP, width), buffers, self._forward) if replayable else self._forward(buffers)
 
     def expand(self, tokens: torch.Tensor, features: torch.Tensor, depth: int,
                sees: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

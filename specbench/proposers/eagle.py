@@ -16,7 +16,6 @@ from specbench.engine.draft import Draft
 from specbench.engine.graph_capture import GraphBackend, StepGraphs
 from specbench.engine.proposer import ProposerState
 from specbench.engine.slot_proposer import SlotProposer
-from specbench.engine.step_inputs import scatter_rows
 from specbench.engine.tree import TreeSpec, load_tree
 from specbench.proposers.registry import register_proposer
 
@@ -314,13 +313,9 @@ class EagleProposer(SlotProposer):
             start = min(lengths[slot], need - 1)
             starts[slot], counts[slot], lengths[slot] = start, need - start, need
             parts.append((slot, tokens[start + 1: need + 1], features[start:need]))  # (n,), (n, F)
-        width, device = max(counts), self.cache.kv.device
-        ids = torch.zeros(batch, width, dtype=torch.long, device=device)  # (B, W) padded with token 0
-        feats = torch.zeros(batch, width, self.feature_width, dtype=self.cache.kv.dtype, device=device)  # (B, W, F)
-        index = scatter_rows(ids, [(slot, 0, t) for slot, t, _ in parts], device)  # one indexed write each,
-        scatter_rows(feats, [(slot, 0, f) for slot, _, f in parts], device, index)  # through one index
         self.captured.set_slots(starts, counts, lengths)
         # a step's catch-up (the accepted tokens and the bonus one) replays its width's graph; a request's first
         # (its prompt: a new width every request) and anything wider run eagerly
-        graph = width <= self.max_depth + 1 and all(starts[slot] > 0 for slot in states)
-        return self.captured.catch_up(ids, feats, graph=graph)
+        width = max(counts)
+        replayable = width <= self.max_depth + 1 and all(starts[slot] > 0 for slot in states)
+        return self.captured.catch_up(parts, width, replayable=replayable)
