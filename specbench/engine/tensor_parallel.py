@@ -26,6 +26,7 @@ from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 from specbench.compile_watch import capture_seconds
 from specbench.engine.draft import Draft
 from specbench.engine.proposer import Proposer, ProposerState
+from specbench.engine.slot_proposer import PerSlotProposer, SlotProposer
 from specbench.engine.static_llama import Attention, LlamaShape, MLP, StaticLlamaForCausalLM
 from specbench.engine.static_target import StaticTarget
 
@@ -209,11 +210,13 @@ def _draft_from_payload(payload: dict | None, device: torch.device) -> Draft | N
 
 
 class RankZeroProposer(Proposer):
-    """``inner`` proposes on rank 0 only; its draft is broadcast so every rank verifies the same one. Every
-    other call (reserve, begin_request, max_draft_tokens) runs on every rank, so the decode loops agree."""
+    """``inner`` (a per-sequence proposer, or a slot proposer of one slot) proposes on rank 0 only; its draft is
+    broadcast so every rank verifies the same one. Every other call (reserve, begin_request, max_draft_tokens) runs
+    on every rank, so the decode loops agree."""
 
-    def __init__(self, inner: Proposer, group=None, device: torch.device | str = "cpu"):
+    def __init__(self, inner: Proposer | SlotProposer, group=None, device: torch.device | str = "cpu"):
         self.inner = inner
+        self.slot = inner if isinstance(inner, SlotProposer) else PerSlotProposer([inner])  # drafts for slot 0
         self.group = group
         self.device = torch.device(device)
         self.name = inner.name
@@ -239,11 +242,11 @@ class RankZeroProposer(Proposer):
             self.inner.reserve(num_tokens)
 
     def begin_request(self, prompt_ids: torch.Tensor) -> None:
-        self.inner.begin_request(prompt_ids)
+        self.slot.begin_request(0, prompt_ids)
 
     def propose(self, state: ProposerState) -> Draft | None:
         length = state.token_ids.numel()  # host-known: checks the ranks are in step without a device sync
-        draft = self.inner.propose(state) if self.rank == 0 else None
+        draft = self.slot.propose({0: state})[0] if self.rank == 0 else None
         message = [(length, _draft_payload(draft)) if self.rank == 0 else None]
         dist.broadcast_object_list(message, group_src=0, group=self.group, device=_object_device(self.device))
         if self.rank == 0:
