@@ -1,7 +1,7 @@
-"""The batched EAGLE proposer: on a tiny random Llama with random EAGLE-1/2 and EAGLE-3 heads (fp32, CPU, greedy),
-every request of a run at B = 1, 3 and B larger than the queue drafts exactly what the per-sequence proposer drafts
+"""The EAGLE proposer over B slots: on a tiny random Llama with random EAGLE-1/2 and EAGLE-3 heads (fp32, CPU, greedy),
+every request of a run at B = 1, 3 and B larger than the queue drafts exactly what the proposer drafts for one slot
 alone on the eager reference target and produces the tokens and counters it produces there, for the chain, the
-static and the dynamic tree (mixed prompt lengths, EOS at different steps, refills); ``for_batch`` picks it; the head
+static and the dynamic tree (mixed prompt lengths, EOS at different steps, refills); ``for_batch`` builds it; the head
 runs 1 + (depth - 1) forwards per propose call whatever B and propose reads nothing back; the same on the reference
 target's shipped heads."""
 
@@ -10,12 +10,12 @@ from __future__ import annotations
 import pytest
 import torch
 
+from specbench.eagle.captured import CATCH_UP
 from specbench.eagle.draft_head import BatchedDraftKVCache, DraftKVCache
 from specbench.engine.decode import Decoder, GenerationConfig
 from specbench.engine.hf_target import HFTarget
 from specbench.engine.static_target import StaticTarget
 from specbench.proposers.batched import for_batch
-from specbench.proposers.batched_eagle import BatchedEagleProposer
 from specbench.proposers.eagle import EagleProposer
 from specbench.proposers.eagle3 import Eagle3Proposer
 from _prompts import random_prompt, repetitive_prompt
@@ -24,6 +24,7 @@ from test_batched_engine import assert_each_request_as_alone, eos_mid_run, refer
 from test_batched_host_sync import counted_run
 from _host_reads import HostReads
 from test_eagle import SMALL_TREE, random_head
+from test_eagle_graphs import FakeCapture
 from test_eagle3 import deep_llama, random_head3
 from test_static_target import build
 
@@ -35,8 +36,8 @@ HEADS = ("eagle", "eagle3")
 
 @pytest.fixture(scope="module")
 def tiny():
-    """Per head kind: (its static target, the eager reference over the same model, a factory of per-sequence
-    proposers over one shared head for a target and options), prompts."""
+    """Per head kind: (its static target, the eager reference over the same model, a factory of proposers over one
+    shared head for a target (of its batch size) and options), prompts."""
     prompts = [repetitive_prompt(0), random_prompt(5, 1), random_prompt(21, 3), random_prompt(9, 4), random_prompt(2, 5)]
     eagle_model, eagle3_model = build("llama"), deep_llama()
     head, head3 = random_head(with_embed=False), random_head3(draft_vocab=96)  # the target's embedding; a small draft vocab
@@ -53,7 +54,7 @@ def decode_batched_recording(static, make, prompts, config, batch_size: int):
     """The prompts through Decoder with ``for_batch``'s form of the proposer; (results, decoder, each
     request's drafts, per propose call (active slots, head forwards))."""
     proposer = for_batch(make(), batch_size)
-    assert isinstance(proposer, BatchedEagleProposer)
+    assert isinstance(proposer, EagleProposer) and proposer.batch_size == batch_size
     target = static.with_batch_size(batch_size)  # EAGLE-3's aux layers carried over from the one the head asked
     request_of, drafts, calls, forwards = {}, [[] for _ in prompts], [], []
     begin, propose, step = proposer.begin_request, proposer.propose, proposer.head.step_batched
@@ -85,12 +86,11 @@ def decode_batched_recording(static, make, prompts, config, batch_size: int):
     return results, decoder, drafts, calls
 
 
-def expected_forwards(proposer: BatchedEagleProposer) -> int:
+def expected_forwards(proposer: EagleProposer) -> int:
     """One catch-up, then one forward per expansion depth: K - 1 for the chain, the tree's depth - 1 levels."""
-    single = proposer.single
-    if single.mode == "dynamic":
-        return single.depth
-    return 1 + (single.num_nodes - 1 if single.mode == "chain" else len(single.plan.levels))
+    if proposer.mode == "dynamic":
+        return proposer.depth
+    return 1 + (proposer.num_nodes - 1 if proposer.mode == "chain" else len(proposer.plan.levels))
 
 
 @pytest.mark.parametrize("kind", HEADS)
@@ -120,13 +120,13 @@ def test_batched_eagle_equals_the_eager_reference_run(tiny, kind, mode):
 
 
 @pytest.mark.parametrize("kind", HEADS)
-def test_for_batch_picks_the_batched_form_in_every_mode(tiny, kind):
+def test_for_batch_builds_the_batch_size_in_every_mode(tiny, kind):
     makers, _ = tiny
     static, _, make_with = makers[kind]
     for mode, options in MODES.items():
         single = make_with(static, options)
         batched = for_batch(single, 4)
-        assert isinstance(batched, BatchedEagleProposer) and batched.batch_size == 4, mode
+        assert isinstance(batched, type(single)) and batched.batch_size == 4, mode
         assert batched.head is single.head and batched.cache.kv.shape[1] == 4  # the head shared, its own cache
         described = batched.describe()
         assert described["name"] == kind and described["batching"].startswith("batched head")
@@ -142,7 +142,7 @@ def test_propose_reads_nothing_back_and_a_step_once(tiny, mode, monkeypatch):
     static, eager, make_with = makers["eagle"]
     config = GenerationConfig(max_new_tokens=12, ignore_eos=True)
     alone, _ = decode_alone_recording(eager, lambda: make_with(eager, MODES[mode]), prompts, config)
-    propose, in_propose = BatchedEagleProposer.propose, []
+    propose, in_propose = EagleProposer.propose, []
 
     def counted_propose(self, states):
         with HostReads(where=True) as reads:
@@ -150,10 +150,10 @@ def test_propose_reads_nothing_back_and_a_step_once(tiny, mode, monkeypatch):
         in_propose.append(reads.reads)
         return out
 
-    monkeypatch.setattr(BatchedEagleProposer, "propose", counted_propose)
+    monkeypatch.setattr(EagleProposer, "propose", counted_propose)
     batched, decoder, steps = counted_run(static, lambda target: make_with(target, MODES[mode]), prompts, config, 3,
                                           monkeypatch)
-    assert isinstance(decoder.proposer, BatchedEagleProposer)
+    assert isinstance(decoder.proposer, EagleProposer) and decoder.proposer.batch_size == 3
     assert_each_request_as_alone(batched, alone)
     assert len(in_propose) >= len(steps) == decoder.stats.num_steps > 0
     assert not any(in_propose), [r for r in in_propose if r][:1]
@@ -217,6 +217,17 @@ def test_reference_heads_batched_equal_the_eager_reference_run(reference, refere
         assert drafts == alone_drafts, batch_size
         assert_each_request_as_alone(batched, alone)
         assert {forwards for _, forwards in calls} == {expected_forwards(decoder.proposer)}
+    # the same three slots drafting through captured steps (the CPU stand-in for CUDA graphs), ragged catch-ups
+    # padded to the widest slot: each (kind, width) captured once, by reserve, and replayed
+    graphed = lambda: cls.from_options(static, head=head, cuda_graphs=True, graph_backend=FakeCapture(), **options)  # noqa: E731
+    batched, decoder, drafts, calls = decode_batched_recording(static, graphed, prompts, config, 3)
+    assert drafts == alone_drafts
+    assert_each_request_as_alone(batched, alone)
+    graphs = decoder.proposer.captured.graphs
+    assert graphs.enabled and set(graphs.captures.values()) == {1}
+    widths = set(range(1, decoder.proposer.max_depth + 2))  # accepted + 1: every catch-up a step can bring
+    assert {width for kind, width in graphs.captures if kind == CATCH_UP} == widths
+    assert sum(n for (kind, _), n in graphs.replays.items() if kind == CATCH_UP) > len(widths)  # replayed in decoding
 
 
 def test_a_growing_draft_cache_keeps_the_expansion_entries_past_the_committed_lengths():

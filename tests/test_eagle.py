@@ -106,18 +106,19 @@ class OracleEagle(EagleProposer):
     def max_draft_tokens(self) -> int:
         return self.oracle.k
 
-    def begin_request(self, prompt_ids):
-        super().begin_request(prompt_ids)
+    def begin_request(self, slot, prompt_ids):
+        super().begin_request(slot, prompt_ids)
         self.oracle.begin_request(prompt_ids)
 
-    def _catch_up(self, state):
-        hidden = super()._catch_up(state)
-        self.seen.append((state.token_ids.clone(), state.hidden_states.clone(), hidden.clone()))
-        return hidden
+    def _catch_up(self, states):
+        hidden, logits = super()._catch_up(states)  # (B, H), (B, V)
+        state = states[0]
+        self.seen.append((state.token_ids.clone(), state.hidden_states.clone(), hidden[0].clone()))
+        return hidden, logits
 
-    def propose(self, state):
-        super().propose(state)
-        return self.oracle.propose(state)
+    def propose(self, states):
+        super().propose(states)
+        return {0: self.oracle.propose(states[0])}
 
 
 @pytest.mark.parametrize("mode", sorted(MODES))
@@ -142,7 +143,7 @@ def test_catch_up_after_accepted_runs_equals_from_scratch(mode):
         torch.testing.assert_close(hidden, want, atol=ATOL, rtol=0)
     tokens, features, _ = proposer.seen[-1]
     state = ProposerState(token_ids=tokens, hidden_states=features)
-    first, again = EagleProposer.propose(proposer, state), EagleProposer.propose(proposer, state)
+    first, again = EagleProposer.propose(proposer, {0: state})[0], EagleProposer.propose(proposer, {0: state})[0]
     assert torch.equal(first.tokens, again.tokens) and torch.equal(first.parents, again.parents)  # repeat calls agree
 
 
@@ -168,24 +169,19 @@ def test_every_draft_token_follows_from_scratch_forwards_along_its_path(mode):
     prompt = random_prompt(11, 6)
     prefill = target.prefill(0, prompt)
     tokens = torch.cat([prompt, prefill.logits[-1:].argmax(-1)])
-    proposer.begin_request(prompt)
+    proposer.begin_request(0, prompt)
     expanded = []  # (path, hidden) of every node the draft ran on; a node's feature is its parent's output
-    make_expander = proposer._expander
+    expand = proposer.captured.expand
 
-    def recording_expander():
-        expand = make_expander()
+    def recorded(tokens, features, depth, sees):  # the one slot's row of (B, W, ...)
+        hidden, logits = expand(tokens, features, depth, sees)
+        for token, feature, out in zip(tokens[0].tolist(), features[0], hidden[0]):
+            above = next((path for path, h in expanded if torch.equal(h, feature)), ())
+            expanded.append((above + (token,), out.clone()))
+        return hidden, logits
 
-        def recorded(tokens, features, depth, sees):
-            hidden, logits = expand(tokens, features, depth, sees)
-            for token, feature, out in zip(tokens.tolist(), features, hidden):
-                above = next((path for path, h in expanded if torch.equal(h, feature)), ())
-                expanded.append((above + (token,), out.clone()))
-            return hidden, logits
-
-        return recorded
-
-    proposer._expander = recording_expander
-    draft = proposer.propose(ProposerState(token_ids=tokens, hidden_states=prefill.hidden_states))
+    proposer.captured.expand = recorded
+    draft = proposer.propose({0: ProposerState(token_ids=tokens, hidden_states=prefill.hidden_states)})[0]
     assert len(expanded) == {"chain": 2, "static-tree": 4, "dynamic-tree": 9}[mode]
     ranks = [p[-1] for p in load_tree(SMALL_TREE).paths] if mode == "static-tree" else [0] * len(draft)
     memo, paths = {}, []
@@ -260,12 +256,12 @@ def test_dynamic_tree_shape_on_real_drafts():
     prefill = target.prefill(0, prompt)
     for cut in (4, 9, 15):
         tokens = torch.cat([prompt[:cut], prefill.logits[-1:].argmax(-1)]) if cut == 15 else prompt[: cut + 1]
-        proposer.begin_request(tokens[:-1])
-        draft = proposer.propose(ProposerState(token_ids=tokens, hidden_states=prefill.hidden_states[:cut]))
+        proposer.begin_request(0, tokens[:-1])
+        draft = proposer.propose({0: ProposerState(token_ids=tokens, hidden_states=prefill.hidden_states[:cut])})[0]
         parents = draft.parents.tolist()
         assert len(draft) == 20 and draft.depth() <= 3
         assert all(0 <= p <= i for i, p in enumerate(parents))  # node i + 1's parent precedes it
-        assert proposer.head.cache_length == cut  # the expansion's entries are rolled back
+        assert proposer.cache.lengths[0] == cut  # the expansion's entries are not committed
 
 
 def _brute_force_pool(root_logits, table, top_k, depth):
@@ -295,10 +291,12 @@ def test_dynamic_tree_keeps_the_highest_cumulative_log_probabilities():
     root_logits = 3 * torch.randn(vocab, generator=gen)
 
     def expand(tokens, features, level, sees):
-        assert sees.shape == (tokens.numel(), top_k * level) and sees[:, -top_k:].equal(torch.eye(top_k, dtype=torch.bool))
-        return features, table[tokens]  # (W, H), (W, V)
+        assert sees.shape == (1, tokens.numel(), top_k * level)  # one slot
+        assert sees[0, :, -top_k:].equal(torch.eye(top_k, dtype=torch.bool))
+        return features, table[tokens]  # (1, W, H), (1, W, V)
 
-    draft = draft_dynamic_tree(torch.zeros(HIDDEN), root_logits, expand, top_k=top_k, depth=depth, total_tokens=total)
+    draft, = draft_dynamic_tree(torch.zeros(1, HIDDEN), root_logits[None], expand, top_k=top_k, depth=depth,
+                                total_tokens=total)
     paths = []
     for token, parent in zip(draft.tokens.tolist(), draft.parents.tolist()):
         paths.append((paths[parent - 1] if parent else ()) + (token,))

@@ -105,8 +105,8 @@ def test_chain_feeds_the_drafts_own_pre_norm_output_back():
     prompt = random_prompt(9, 5)
     prefill = target.prefill(0, prompt)
     tokens = torch.cat([prompt, prefill.logits[-1:].argmax(-1)])
-    proposer.begin_request(prompt)
-    draft = proposer.propose(ProposerState(token_ids=tokens, hidden_states=prefill.aux_hidden_states))
+    proposer.begin_request(0, prompt)
+    draft = proposer.propose({0: ProposerState(token_ids=tokens, hidden_states=prefill.aux_hidden_states)})[0]
     embed = model.get_input_embeddings()
     with torch.inference_mode():
         fused = prefill.aux_hidden_states @ head.fc.weight.T  # (T - 1, H)
@@ -241,8 +241,8 @@ def test_two_layer_target_and_first_step_reads_fc_of_aux_features():
     prefill = target.prefill(0, prompt)
     assert prefill.aux_hidden_states.shape == (10, 3 * HIDDEN)
     tokens = torch.cat([prompt, prefill.logits[-1:].argmax(-1)])
-    proposer.begin_request(prompt)
-    root = proposer._catch_up(ProposerState(token_ids=tokens, hidden_states=prefill.aux_hidden_states))
+    proposer.begin_request(0, prompt)
+    root = proposer._catch_up({0: ProposerState(token_ids=tokens, hidden_states=prefill.aux_hidden_states)})[0][0]
     embed = model.get_input_embeddings()
     with torch.inference_mode():
         want = head(embed(tokens[1:]), prefill.aux_hidden_states, torch.arange(10), head.new_cache())[-1]
@@ -260,11 +260,11 @@ def test_d2t_maps_drafts_into_the_t2d_set(mode):
     prompt = random_prompt(12, 3)
     prefill = target.prefill(0, prompt)
     tokens = torch.cat([prompt, prefill.logits[-1:].argmax(-1)])
-    proposer.begin_request(prompt)
-    draft = proposer.propose(ProposerState(token_ids=tokens, hidden_states=prefill.aux_hidden_states))
+    proposer.begin_request(0, prompt)
+    draft = proposer.propose({0: ProposerState(token_ids=tokens, hidden_states=prefill.aux_hidden_states)})[0]
     assert set(draft.tokens.tolist()) <= allowed
     with torch.inference_mode():  # the first token is the target id of the draft argmax
-        root = proposer._catch_up(ProposerState(token_ids=tokens, hidden_states=prefill.aux_hidden_states))
+        root = proposer._catch_up({0: ProposerState(token_ids=tokens, hidden_states=prefill.aux_hidden_states)})[0][0]
         best = int(head.logits(root[None])[0].argmax())
     first = int(draft.tokens[0]) if mode == "chain" else None
     if first is not None:

@@ -41,10 +41,10 @@ class ReplayingGraph:
     def __init__(self, forward, inputs, outputs):
         self.forward, self.inputs, self.outputs = forward, inputs, outputs
         self.owner = forward.__self__  # the CapturedHead
-        self.kv = self.owner.head.cache.kv
+        self.kv = self.owner.cache.kv
 
     def replay(self) -> None:
-        assert self.owner.head.cache.kv is self.kv, "replayed a graph captured over another draft cache"
+        assert self.owner.cache.kv is self.kv, "replayed a graph captured over another draft cache"
         for out, new in zip(self.outputs, self.forward(self.inputs)):
             out.copy_(new)
 
@@ -82,9 +82,9 @@ def counting(proposer) -> list:
     """Count ``proposer.propose`` calls (an instance attribute, which the decoder calls)."""
     calls, inner = [], proposer.propose
 
-    def propose(state):
+    def propose(states):
         calls.append(1)
-        return inner(state)
+        return inner(states)
 
     proposer.propose = propose
     return calls
@@ -96,13 +96,13 @@ def oracle_driven(proposer, truth: list[int]) -> list:
     oracle = ScriptedProposer(truth, 3, VOCAB, wrong_positions={2, 7, 8, 13})
     drafts, inner, begin = [], proposer.propose, proposer.begin_request
 
-    def propose(state):
-        draft = inner(state)
+    def propose(states):
+        draft = inner(states)[0]
         drafts.append((draft.tokens.cpu().clone(), draft.parents.cpu().clone()))
-        return oracle.propose(state)
+        return {0: oracle.propose(states[0])}
 
-    def begin_request(prompt_ids):
-        begin(prompt_ids)
+    def begin_request(slot, prompt_ids):
+        begin(slot, prompt_ids)
         oracle.begin_request(prompt_ids)
 
     proposer.propose, proposer.begin_request = propose, begin_request
@@ -170,7 +170,7 @@ def test_graphs_follow_the_target():
     proposer = build_proposer(label, graphed, graph_backend=FakeCapture())
     decode_all(graphed, proposer, PROMPTS[:1])
     before = dict(proposer.captured.graphs.captures)
-    proposer.reserve(4 * proposer.head.cache.capacity)  # a larger draft cache: the graphs over the old one go
+    proposer.reserve(4 * proposer.cache.capacity)  # a larger draft cache: the graphs over the old one go
     decode_all(graphed, proposer, PROMPTS[:1])
     assert set(proposer.captured.graphs.captures) == set(before)
     assert all(n == 2 for n in proposer.captured.graphs.captures.values())
@@ -212,6 +212,49 @@ def test_captured_drafting_decodes_and_drafts_as_eagerly(label):
     plain = HFTarget(deep_llama() if label.startswith("eagle3") else build("llama"))
     truth = [Decoder(plain, None, GenerationConfig(max_new_tokens=MAX_NEW)).generate(p).output_token_ids for p in PROMPTS]
     assert_same_decoding(target, label, FakeCapture, truth)
+
+
+def test_three_slots_capture_once_and_draft_as_eagerly():
+    """B = 3 over five prompts (refills, idle slots at the end), for every case: reserve captures each (kind, width)
+    once over the three-slot draft cache; decoding replays every expansion of every propose and the catch-up of
+    every propose that begins no request, captures nothing, and drafts, decodes and counts as the eager proposer."""
+    prompts = PROMPTS + [random_prompt(9, 4), repetitive_prompt(2)]
+    for label, (_, _, _, expands, catch_up_widths) in sorted(CASES.items()):
+        one_slot = build_target(label, graph_backend=TargetCapture())
+        eager = build_proposer(label, one_slot, cuda_graphs=False).with_batch_size(3)
+        graphed = build_proposer(label, one_slot, graph_backend=FakeCapture()).with_batch_size(3)
+        target = one_slot.with_batch_size(3, graph_backend=TargetCapture())  # EAGLE-3's aux layers carried over
+        graphed.reserve(80)
+        graphs = graphed.captured.graphs
+        prepared, before = dict(graphs.captures), graphs.replays.copy()
+        assert {w for kind, w in prepared if kind == CATCH_UP} == catch_up_widths, label
+        runs = []
+        for proposer in (eager, graphed):
+            drafts, fresh, inner, begin = [], [], proposer.propose, proposer.begin_request
+            proposer.begin_request = lambda slot, ids, begin=begin, fresh=fresh: fresh.append(slot) or begin(slot, ids)
+
+            def propose(states, inner=inner, drafts=drafts, fresh=fresh):  # (a request begun since the last?, drafts)
+                out = inner(states)
+                drafts.append((bool(fresh), {slot: draft.tokens.tolist() for slot, draft in out.items()}))
+                fresh.clear()
+                return out
+
+            proposer.propose = propose
+            results = Decoder(target, proposer, GenerationConfig(max_new_tokens=MAX_NEW)).generate_all(prompts)
+            runs.append((results, drafts))
+        (want, want_drafts), (got, got_drafts) = runs
+        assert got_drafts == want_drafts and len(got_drafts) > len(prompts), label
+        assert [(g.output_token_ids, g.counters) for g in got] == [(w.output_token_ids, w.counters) for w in want]
+        plain = HFTarget(deep_llama() if label.startswith("eagle3") else build("llama"))
+        truth = [Decoder(plain, None, GenerationConfig(max_new_tokens=MAX_NEW)).generate(p).output_token_ids
+                 for p in prompts]
+        assert [g.output_token_ids for g in got] == truth, label
+        assert graphs.captures == prepared, label  # nothing captured while decoding
+        replays = {key: n - before[key] for key, n in graphs.replays.items()}
+        assert {w: n for (kind, w), n in replays.items() if kind == EXPAND} == {
+            w: per * len(got_drafts) for w, per in expands.items()}, label  # every depth of every propose
+        catch_ups = sum(n for (kind, _), n in replays.items() if kind == CATCH_UP)
+        assert catch_ups == sum(not begun for begun, _ in got_drafts) > 0, label  # a request's first runs eagerly
 
 
 # --- CUDA: the real capture --------------------------------------------------------------------------------

@@ -41,11 +41,11 @@ def counted_decode(target, proposer, prompt, config=None):
     decoder.generate(PROMPTS[0])  # warm-up: captures the draft's and the target's graphs
     reads, marks, inner = HostReads(where=True), [], proposer.propose
 
-    def propose(state):
+    def propose(states):
         marks.append(reads.count)
-        draft = inner(state)
+        drafts = inner(states)
         marks.append(reads.count)
-        return draft
+        return drafts
 
     proposer.propose = propose
     try:
@@ -146,8 +146,8 @@ def test_the_dynamic_trees_device_shape_is_the_one_its_parents_give(top_k, depth
     for trial in range(8):
         table = (1 + trial) * torch.randn(vocab, vocab, generator=generator)  # (V, V) draft logits after each token
         root_logits = 3 * torch.randn(vocab, generator=generator)
-        draft = draft_dynamic_tree(torch.zeros(4), root_logits, lambda t, f, level, sees: (f, table[t]), top_k=top_k,
-                                   depth=depth, total_tokens=total)
+        draft, = draft_dynamic_tree(torch.zeros(1, 4), root_logits[None], lambda t, f, level, sees: (f, table[t]),
+                                    top_k=top_k, depth=depth, total_tokens=total)
         derived = Draft(tokens=draft.tokens, parents=draft.parents)  # the shape from the parents alone
         assert torch.equal(draft.depths(), derived.depths())
         assert torch.equal(draft.tree_mask(), reference_mask(draft.parents.tolist()))
@@ -171,9 +171,9 @@ def old_style(proposer):
     """Drafts as they were built before: tokens and parents only, every shape derived from the parents."""
     inner = proposer.propose
 
-    def propose(state):
-        draft = inner(state)
-        return Draft(tokens=draft.tokens, parents=draft.parents, draft_probs=draft.draft_probs)
+    def propose(states):
+        return {slot: Draft(tokens=draft.tokens, parents=draft.parents, draft_probs=draft.draft_probs)
+                for slot, draft in inner(states).items()}
 
     proposer.propose = propose
     return proposer
@@ -195,7 +195,7 @@ def test_decoding_is_unchanged(options, head, chains, sampled):
         proposer = wrap(create_proposer("eagle", target, head=random_head(**head), **options,
                                         graph_backend=FakeCapture()))
         inner = proposer.propose
-        proposer.propose = lambda state: shapes.append(inner(state)) or shapes[-1]
+        proposer.propose = lambda states: shapes.append(inner(states)[0]) or {0: shapes[-1]}
         decoder = Decoder(target, proposer, config)
         results.append([decoder.generate(p, seed=11 + i) for i, p in enumerate(PROMPTS)])
     for new, old in zip(*results):

@@ -28,6 +28,23 @@ class ThirdPartyProposer(Proposer):
         return None
 
 
+class ThirdPartySlotProposer(SlotProposer):
+    """A proposer in slot form: a ``name`` and ``from_options``, built for the target's batch size."""
+
+    name = "third-party"
+
+    @classmethod
+    def from_options(cls, target, **options):
+        return cls()
+
+    @property
+    def max_draft_tokens(self) -> int:
+        return 1
+
+    def propose(self, states):
+        return {slot: None for slot in states}
+
+
 def fake_entry_points(value: str):
     def entry_points(group):
         assert group == "specbench.proposers"
@@ -42,6 +59,12 @@ def test_entry_point_discovery(monkeypatch):
     assert "third-party" in registry.available_proposers()
     proposer = registry.create_proposer("third-party", target=None, k=2)
     assert isinstance(proposer, ThirdPartyProposer) and proposer.options == {"k": 2}
+
+
+def test_entry_point_may_name_a_slot_proposer(monkeypatch):
+    monkeypatch.setattr(registry, "entry_points", fake_entry_points(f"{__name__}:ThirdPartySlotProposer"))
+    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
+    assert isinstance(registry.create_proposer("third-party", target=None), ThirdPartySlotProposer)
 
 
 def test_entry_point_must_name_a_proposer(monkeypatch):

@@ -27,7 +27,7 @@ GQA = dict(vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=128, num_hidd
            bos_token_id=None, eos_token_id=None, pad_token_id=None, tie_word_embeddings=False,
            attention_bias=True, mlp_bias=True)  # biases: column-parallel ones sharded, row-parallel ones added once
 GQA_PROPOSERS = ("plain", "ngram", "medusa-chain-k3", "medusa-tree-63")
-REFERENCE_PROPOSERS = ("plain", "medusa-chain-k3")
+REFERENCE_PROPOSERS = ("plain", "medusa-chain-k3", "eagle-chain-k3")  # EAGLE: a slot proposer inside RankZeroProposer
 
 
 def random_heads():
@@ -49,6 +49,10 @@ def make_proposer(label: str, target, medusa_path: str | None):
         return None
     if label == "ngram":
         return NgramProposer(num_speculative_tokens=3)
+    if label == "eagle-chain-k3":
+        from specbench.proposers.eagle import EagleProposer
+
+        return EagleProposer.from_options(target, path="specbench-ref/gsm8k-tiny-eagle", num_speculative_tokens=3)
     options = {"num_speculative_tokens": 3} if label == "medusa-chain-k3" else {"tree": "gsm8k-tiny-63"}
     source = {"path": medusa_path} if medusa_path else {"heads": random_heads()}
     return MedusaProposer.from_options(target, **source, **options)

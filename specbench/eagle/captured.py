@@ -1,4 +1,5 @@
-"""The EAGLE draft head's forwards as fixed-shape steps over static buffers, replayed as CUDA graphs (docs/eagle.md)."""
+"""The EAGLE draft head's forwards over B slots as fixed-shape steps on static buffers, run eagerly or replayed as
+CUDA graphs (docs/eagle.md#graph-capture-on-the-static-engine)."""
 
 from __future__ import annotations
 
@@ -10,122 +11,158 @@ from torch import nn
 
 from specbench.eagle.draft_head import EagleHead
 from specbench.engine.graph_capture import StepGraphs
+from specbench.engine.step_inputs import scatter_rows
+from specbench.engine.transfers import host_to_device
 
 CATCH_UP, EXPAND = "catch_up", "expand"  # the step kinds: graph keys are (kind, width)
+START, LAST, COMMITTED = range(3)  # rows of the per-slot scalars (3, B)
 
 
 @dataclass
 class HeadStepBuffers:
-    """The static inputs one (kind, width) graph reads; everything else it reads is the draft cache and weights."""
+    """The static inputs one (kind, width) step reads; everything else it reads is the draft cache, the per-slot
+    scalars and the weights."""
 
-    tokens: torch.Tensor  # (W,) int64 the rows' tokens (embedded inside the step)
-    features: torch.Tensor  # (W, F) each row's feature: the target's (F = H; EAGLE-3: 3H) or its parent's output
-    block: torch.Tensor  # (W, B) bool: column c is slot visible + c; catch-up: causal (B = W), expand: the sees rows
-    meta: torch.Tensor  # (3,) int64: first new slot, visible (slots below it are seen by every row), first position
-    spread: torch.Tensor  # (W,) int64 each row's position offset: arange (catch-up, consecutive) or zeros (siblings)
-    last_only: bool  # logits of the last row only (the catch-up's root)
-    written: tuple = (None, None, None)  # the host's copy of meta, so an unchanged scalar is not written again
+    tokens: torch.Tensor  # (B, W) int64 the rows' tokens (embedded inside the step)
+    features: torch.Tensor  # (B, W, F) each row's feature: the target's (F = H; EAGLE-3: 3H) or its parent's output
+    block: torch.Tensor  # (B, W, C) bool: column c is the slot's entry base + c; catch-up: causal, expand: the sees rows
+    meta: torch.Tensor  # (2,) int64: the draft nodes written before this step (begin), the rows' position offset
+    spread: torch.Tensor  # (W,) int64 each row's position past the offset: arange (catch-up) or zeros (siblings)
+    catch_up: bool  # based at each slot's catch-up start, returning the root (its last live row) only
+    written: tuple = (0, 0)  # the host's copy of meta, so an unchanged scalar is not written again
 
     @classmethod
-    def allocate(cls, kind: str, width: int, feature_width: int, block_width: int, *, dtype,
+    def allocate(cls, kind: str, batch: int, width: int, feature_width: int, block_width: int, *, dtype,
                  device) -> "HeadStepBuffers":
         catch_up = kind == CATCH_UP
-        block = torch.ones(width, width, dtype=torch.bool, device=device).tril_() if catch_up else \
-            torch.zeros(width, block_width, dtype=torch.bool, device=device)  # (W, B)
+        block = torch.zeros(batch, width, block_width, dtype=torch.bool, device=device)  # (B, W, C)
+        if catch_up:
+            block[:] = torch.ones(width, width, dtype=torch.bool, device=device).tril_()
         spread = torch.arange(width, device=device) if catch_up else torch.zeros(width, dtype=torch.long, device=device)
-        return cls(tokens=torch.zeros(width, dtype=torch.long, device=device),
-                   features=torch.zeros(width, feature_width, dtype=dtype, device=device), block=block,
-                   meta=torch.zeros(3, dtype=torch.long, device=device), spread=spread, last_only=catch_up)
+        return cls(tokens=torch.zeros(batch, width, dtype=torch.long, device=device),
+                   features=torch.zeros(batch, width, feature_width, dtype=dtype, device=device), block=block,
+                   meta=torch.zeros(2, dtype=torch.long, device=device), spread=spread, catch_up=catch_up)
 
 
 class CapturedHead:
-    """Runs the head's forwards as :class:`StepGraphs` steps keyed by (kind, width) over the head's own draft cache.
+    """Runs the head's forwards as :class:`StepGraphs` steps keyed by (kind, width) over its B-slot draft cache.
 
-    A step attends over the whole cache (``(W, S)`` mask built inside the step from ``meta`` and ``block``), writes
-    its rows at ``meta[0] + arange(W)`` and returns the rows' outputs ``(W, H)`` and logits (``logits`` of them),
-    so each (kind, width) has one shape. The host keeps the cache length (it knows every step's width) and copies
-    each step's tokens, features, block mask and three scalars into the key's buffers before the replay. A cache
-    that is reallocated (it grew) drops every graph, which read its address.
+    A step's W rows per slot attend over the slot's whole cache row (``(B, W, S)`` mask built inside the step from
+    the per-slot scalars, ``meta`` and ``block``) and are written after the slot's base entry (its catch-up start,
+    or its committed entries plus the draft nodes written before), so each (kind, width) has one shape. The host
+    keeps each slot's lengths and writes the three per-slot scalars once per propose (:meth:`set_slots`); a catch-up
+    row past a slot's own count (padding to the widest slot) writes the cache's last entry, a scratch entry no live
+    row sees. A cache that is reallocated (it grew) drops every graph, which read its address.
     """
 
     def __init__(self, head: EagleHead, embedding: nn.Module, logits: Callable[[torch.Tensor], torch.Tensor],
-                 graphs: StepGraphs, *, expansion_slots: int):
+                 graphs: StepGraphs, *, batch_size: int, expansion_slots: int):
         self.head, self.embedding, self.logits, self.graphs = head, embedding, logits, graphs
-        self.expansion_slots = expansion_slots  # B of the expand kind: the most draft nodes one step writes
+        self.expansion_slots = expansion_slots  # C of the expand kind: the most draft nodes one propose writes
+        self.cache = head.new_batched_cache(batch_size)  # (2, B, KVH, S, D) with host-known per-slot lengths
+        device = self.cache.kv.device
+        self.slots = torch.zeros(3, batch_size, dtype=torch.long, device=device)  # (3, B) START, LAST, COMMITTED
+        self._rows = torch.arange(batch_size, device=device)  # (B,)
         self.buffers: dict[tuple[str, int], HeadStepBuffers] = {}
         self._kv: torch.Tensor | None = None  # the cache tensor the graphs were captured over
+        self._entries: torch.Tensor | None = None  # (S,)
+        self._widest = (0, 0)  # the host's max over slots of START + count and of COMMITTED
         self.prepared_over: torch.Tensor | None = None  # the cache tensor whose graphs the proposer prepared
-        self._slot_index: torch.Tensor | None = None  # (S,)
 
     @property
     def enabled(self) -> bool:
         return self.graphs.enabled
 
-    def step(self, kind: str, tokens: torch.Tensor, features: torch.Tensor, *, start: int, visible: int,
-             position: int, block: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """``W`` rows at cache slots ``[start, start + W)``: outputs ``(W, H)`` and logits ``(W, V)`` (``(1, V)`` of
-        the last row for the catch-up), the graph's static tensors (valid until the key's next replay).
+    def set_slots(self, starts: list[int], counts: list[int], committed: list[int]) -> None:
+        """Each slot's catch-up start and row count and its committed entries after it, for this propose's steps."""
+        self.slots.copy_(host_to_device([starts, [n - 1 for n in counts], committed], self.slots.device))  # (3, B)
+        self._widest = (max(s + n for s, n in zip(starts, counts)), max(committed))  # the last live entries
 
-        Catch-up (``block`` None): rows at positions ``position + arange(W)``, causal after the ``visible`` (=
-        ``start``) slots. Expand: every row at ``position`` (siblings), seeing the slots below ``visible`` and,
-        through ``block`` ``(W, start + W - visible)``, the draft nodes written since.
-        """
-        width = tokens.numel()
-        cache = self._cache_with_room(start + width)
-        key = (kind, width)
-        buffers = self.buffers.get(key)
-        block_width = width if kind == CATCH_UP else self.expansion_slots
-        if buffers is None or buffers.features.shape[-1] != features.shape[-1]:
-            buffers = self.buffers[key] = HeadStepBuffers.allocate(kind, width, features.shape[-1], block_width,
-                                                                   dtype=cache.kv.dtype, device=cache.kv.device)
-        if block is not None:
-            if block.shape[1] > block_width:
-                raise ValueError(f"an expansion sees {block.shape[1]} draft slots; the step holds {block_width}")
-            buffers.block[:, : block.shape[1]].copy_(block)  # columns beyond start + W are masked inside the step
+    def catch_up(self, parts: list[tuple[int, torch.Tensor, torch.Tensor]], width: int, *,
+                 replayable: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each active slot's catch-up rows, ``(slot, tokens (n,), features (n, F))`` of ``parts``, at entries and
+        positions ``start + arange(n)``, causal after the start, in one step of ``width`` rows per slot: the root's
+        output ``(B, H)`` and logits ``(B, V)`` (its last live row's; idle rows: anything). ``replayable``: a step's
+        catch-up, run as its (catch-up, W) step (a graph replay when graphs are on); else once, eagerly over
+        buffers of its own (a request's first: its prompt, a new width each)."""
+        self.reserve(self._widest[0])
+        feature_width, kv = parts[0][2].shape[-1], self.cache.kv
+        if replayable:
+            buffers = self._buffers(CATCH_UP, width, feature_width, width)
+        else:
+            buffers = HeadStepBuffers.allocate(CATCH_UP, kv.shape[1], width, feature_width, width, dtype=kv.dtype,
+                                               device=kv.device)
+        if len(parts) == 1:  # one slot: two copies, no index to upload
+            slot, tokens, features = parts[0]
+            buffers.tokens[slot, : tokens.numel()].copy_(tokens)
+            buffers.features[slot, : tokens.numel()].copy_(features)
+        else:  # rows past a slot's count keep what they held: they write the scratch entry, which no live row sees
+            index = scatter_rows(buffers.tokens, [(slot, 0, tokens) for slot, tokens, _ in parts], kv.device)
+            scatter_rows(buffers.features, [(slot, 0, features) for slot, _, features in parts], kv.device, index)
+        return self.graphs.run((CATCH_UP, width), buffers, self._forward) if replayable else self._forward(buffers)
+
+    def expand(self, tokens: torch.Tensor, features: torch.Tensor, depth: int,
+               sees: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The drafting rules' expander (eagle/expansion.py): ``W`` nodes per slot at ``depth``, written after the
+        slot's committed entries and the draft nodes before them; outputs ``(B, W, H)``, logits ``(B, W, V)``."""
+        width = tokens.shape[1]
+        begin = sees.shape[-1] - width  # draft nodes written before these
+        if sees.shape[-1] > self.expansion_slots:
+            raise ValueError(f"an expansion sees {sees.shape[-1]} draft nodes; the step holds {self.expansion_slots}")
+        self.reserve(self._widest[1] + begin + width)
+        buffers = self._buffers(EXPAND, width, features.shape[-1], self.expansion_slots)
+        buffers.block[:, :, : sees.shape[-1]].copy_(sees)  # columns beyond begin + W are masked inside the step
         buffers.tokens.copy_(tokens)
         buffers.features.copy_(features)
-        self._write_meta(buffers, (start, visible, position))
-        hidden, logits = self.graphs.run(key, buffers, self._forward)
-        cache.length = start + width
-        return hidden, logits
+        self._write_meta(buffers, (begin, depth - 1))  # siblings sit at the root's position + depth
+        return self.graphs.run((EXPAND, width), buffers, self._forward)
+
+    def _buffers(self, kind: str, width: int, feature_width: int, block_width: int) -> HeadStepBuffers:
+        buffers = self.buffers.get((kind, width))
+        if buffers is None or buffers.features.shape[-1] != feature_width:
+            buffers = self.buffers[(kind, width)] = HeadStepBuffers.allocate(
+                kind, self.cache.kv.shape[1], width, feature_width, block_width, dtype=self.cache.kv.dtype,
+                device=self.cache.kv.device)
+        return buffers
 
     @staticmethod
-    def _write_meta(buffers: HeadStepBuffers, values: tuple[int, int, int]) -> None:
-        """``fill_`` the scalars that changed (a launch argument each: no host-to-device copy, no sync); a catch-up's
-        three are equal (first slot, visible and first position are all its start): one fill."""
+    def _write_meta(buffers: HeadStepBuffers, values: tuple[int, int]) -> None:
+        """``fill_`` the scalars that changed (a launch argument each: no host-to-device copy, no sync); a chain's
+        two are equal at every depth: one fill."""
         stale = [i for i, (old, new) in enumerate(zip(buffers.written, values)) if old != new]
-        if len(stale) == 3 and len(set(values)) == 1:
+        if len(stale) == 2 and values[0] == values[1]:
             buffers.meta.fill_(values[0])
         else:
             for i in stale:
                 buffers.meta[i].fill_(values[i])
         buffers.written = values
 
-    def _cache_with_room(self, slots: int):
-        """The head's cache, grown to ``slots`` if needed; a new cache tensor drops the graphs over the old one."""
-        head = self.head
-        if head.cache is None:
-            head.reset_cache()
-        cache = head.cache
-        cache.reserve(slots)
-        if cache.kv is not self._kv:
+    def reserve(self, entries: int) -> None:
+        """Room for ``entries`` per slot, the scratch entry beyond; a new cache tensor drops the graphs over the old."""
+        self.cache.reserve(entries + 1)
+        if self.cache.kv is not self._kv:
             self.graphs.drop()
-            self.buffers.clear()
             self.prepared_over = None  # and holds no reference to the old cache
-            self._kv = cache.kv
-            self._slot_index = torch.arange(cache.capacity, device=cache.kv.device)  # (S,)
-        return cache
+            self._kv = self.cache.kv
+            self._entries = torch.arange(self.cache.capacity, device=self._kv.device)  # (S,)
 
     def _forward(self, buffers: HeadStepBuffers) -> tuple[torch.Tensor, torch.Tensor]:
         """One fixed-shape draft forward over ``buffers``: the region a graph captures (device tensors only)."""
-        slot_index, kv = self._slot_index, self._kv  # (S,), (2, KVH, S, D)
-        width, block_width = buffers.block.shape
-        start, visible, position = buffers.meta[0], buffers.meta[1], buffers.meta[2]  # () each
-        relative = slot_index - visible  # (S,) block column of each slot
-        new_end = slot_index < start + width  # (S,) at most the slots written so far and by this step
-        block = buffers.block[:, relative.clamp(0, block_width - 1)]  # (W, S)
-        mask = (relative < 0)[None, :] | (((relative >= 0) & new_end)[None, :] & block)  # (W, S)
-        slots = start + slot_index[:width]  # (W,)
-        embeds = self.embedding(buffers.tokens)  # (W, H)
-        hidden = self.head.step(embeds, buffers.features, position + buffers.spread, slots, mask, kv)  # (W, H)
-        return hidden, self.logits(hidden[-1:] if buffers.last_only else hidden)  # (W, H), (W or 1, V)
+        entries, kv, scratch = self._entries, self._kv, self._kv.shape[3] - 1  # (S,), (2, B, KVH, S, D)
+        batch, width, block_width = buffers.block.shape
+        base = self.slots[START if buffers.catch_up else COMMITTED]  # (B,)
+        begin, offset = buffers.meta[0], buffers.meta[1]  # () each
+        relative = entries[None, :] - base[:, None]  # (B, S) block column of each entry
+        live = (relative >= 0) & (relative < begin + width)  # (B, S) the draft's entries, this step's included
+        index = relative.clamp(0, block_width - 1)[:, None, :].expand(batch, width, -1)  # (B, W, S)
+        mask = (relative < 0)[:, None, :] | (live[:, None, :] & buffers.block.gather(2, index))  # (B, W, S)
+        rows = base[:, None] + begin + entries[None, :width]  # (B, W) where the rows' keys go
+        if buffers.catch_up:  # rows past a slot's own count go to the scratch entry
+            rows = torch.where(entries[None, :width] <= self.slots[LAST][:, None], rows, scratch)
+        positions = base[:, None] + offset + buffers.spread  # (B, W)
+        embeds = self.embedding(buffers.tokens)  # (B, W, H)
+        hidden = self.head.step_batched(embeds, buffers.features, positions, rows, mask, kv)  # (B, W, H)
+        if buffers.catch_up:
+            root = hidden[self._rows, self.slots[LAST]]  # (B, H)
+            return root, self.logits(root)  # (B, H), (B, V)
+        return hidden, self.logits(hidden.flatten(0, 1)).view(batch, width, -1)  # (B, W, H), (B, W, V)

@@ -1,6 +1,6 @@
 """The EAGLE-1/EAGLE-2 draft head: ``fc(cat(embed, feature))`` into one Llama decoder layer without input norm,
-over its own KV cache, which tree expansion writes beyond the committed length and ``truncate`` rolls back
-(docs/eagle.md#draft-forward)."""
+over a draft KV cache (one sequence's, or B slots' for the proposer) that tree expansion writes beyond the
+committed length (docs/eagle.md#draft-forward)."""
 
 from __future__ import annotations
 
@@ -171,7 +171,6 @@ class EagleHead(nn.Module):
         self.fc = nn.Linear(2 * hidden, hidden, bias=config.bias)
         self.layers = nn.ModuleList([EagleDecoderLayer(self.shape)])
         self.inv_freq = rope_inv_freq(self.shape)  # (D/2,) fp32; a plain attribute, so .to(dtype) never rounds it
-        self.cache: DraftKVCache | None = None
 
     # -- preparation -----------------------------------------------------------------------------------
 
@@ -182,43 +181,12 @@ class EagleHead(nn.Module):
         with torch.no_grad():
             self.layers[0].fuse()
         self.inv_freq = rope_inv_freq(self.shape).to(self.fc.weight.device)  # (D/2,)
-        self.cache = None
         return self.eval()
 
     def new_cache(self, capacity: int = DEFAULT_CACHE_SLOTS) -> DraftKVCache:
         weight = self.fc.weight
         return DraftKVCache(self.shape.num_kv_heads, self.shape.head_dim, dtype=weight.dtype, device=weight.device,
                             capacity=capacity)
-
-    # -- the head's own cache --------------------------------------------------------------------------
-
-    def reset_cache(self, capacity: int = DEFAULT_CACHE_SLOTS) -> None:
-        """Empty the head's cache (a new request), with room for ``capacity`` entries."""
-        weight = self.fc.weight
-        cache = self.cache
-        if cache is None or cache.kv.device != weight.device or cache.kv.dtype != weight.dtype:
-            self.cache = self.new_cache(capacity)
-        else:
-            cache.length = 0
-            cache.reserve(capacity)
-
-    @property
-    def cache_length(self) -> int:
-        return 0 if self.cache is None else self.cache.length
-
-    def truncate(self, length: int) -> None:
-        """Roll the head's cache back to ``length`` entries."""
-        if self.cache is None:
-            if length:
-                raise ValueError(f"draft KV cache truncate to {length}: it holds no entries")
-            return
-        self.cache.truncate(length)
-
-    def extend(self, embeds, features, positions, *, visible: int | None = None, block_mask=None) -> torch.Tensor:
-        """:meth:`forward` into the head's own cache."""
-        if self.cache is None:
-            self.reset_cache()
-        return self(embeds, features, positions, self.cache, visible=visible, block_mask=block_mask)
 
     # -- forward ---------------------------------------------------------------------------------------
 

@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass
 import torch
 from torch import nn
 
-from specbench.eagle.draft_head import DraftKVCache, EagleConfig, EagleDecoderLayer, EagleHead
+from specbench.eagle.draft_head import EagleConfig, EagleDecoderLayer, EagleHead
 from specbench.engine.static_llama import LlamaShape, RMSNorm, rope_inv_freq
 from specbench.engine.static_ops import EAGER_OPS, attention_bias, rotary_tables
 
@@ -76,7 +76,7 @@ class Eagle3DecoderLayer(EagleDecoderLayer):
 class Eagle3Head(EagleHead):
     """Parameter and buffer names are the published keys (``fc``, ``midlayer.*``, ``norm``, ``lm_head``, ``d2t``,
     ``t2d``); ``embed_tokens`` is None (the target's embedding serves) unless ``with_embed`` (a vLLM/speculators
-    head shipping its own). The cache methods are EagleHead's."""
+    head shipping its own). The forward and caches are EagleHead's."""
 
     def __init__(self, config: Eagle3Config, *, with_vocab_map: bool = True, with_embed: bool = False):
         nn.Module.__init__(self)  # not EagleHead.__init__: the layer, fc and norms differ
@@ -96,7 +96,6 @@ class Eagle3Head(EagleHead):
         else:
             self.d2t = self.t2d = None
         self.inv_freq = rope_inv_freq(self.shape)  # (D/2,) fp32 plain attribute
-        self.cache: DraftKVCache | None = None
 
     def prepare(self) -> "Eagle3Head":
         """As EagleHead.prepare, for the midlayer."""
@@ -104,7 +103,6 @@ class Eagle3Head(EagleHead):
         with torch.no_grad():
             self.midlayer.fuse()
         self.inv_freq = rope_inv_freq(self.shape).to(self.fc.weight.device)  # (D/2,)
-        self.cache = None
         return self.eval()
 
     def draft_to_target(self) -> torch.Tensor:

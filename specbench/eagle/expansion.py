@@ -1,6 +1,6 @@
-"""The three EAGLE drafting rules over a node expander: a top-1 chain, EAGLE-1's static tree (each node's children
-are its own top-k ranks) and EAGLE-2's dynamic tree (top-k children of the best frontier nodes by cumulative draft
-log-probability, then the best nodes overall) (docs/eagle.md#drafting)."""
+"""The three EAGLE drafting rules over B slots at once, through a node expander: a top-1 chain, EAGLE-1's static
+tree (each node's children are its own top-k ranks) and EAGLE-2's dynamic tree (top-k children of the best frontier
+nodes by cumulative draft log-probability, then the best nodes overall) (docs/eagle.md#drafting)."""
 
 from __future__ import annotations
 
@@ -12,21 +12,22 @@ import torch
 from specbench.engine.draft import Draft, ancestor_mask
 from specbench.engine.tree import TreeBuffers
 
-# expand(tokens (W,), features (W, H), depth, ancestors (W, A) bool) -> (hidden (W, H), logits (W, V)):
-# run the draft over W nodes at one depth, each reading its parent's output hidden state; ancestors[w, a] says
-# whether node w sees the a-th node expanded so far in this draft (the W new ones are the last columns)
+# expand(tokens (B, W), features (B, W, H), depth, sees) -> (hidden (B, W, H), logits (B, W, V)): run the draft over
+# W nodes of every slot at one depth, each reading its parent's output hidden state; sees (W, A) bool, or per slot
+# (B, W, A), says whether node w sees the a-th node expanded so far in this draft (the W new ones are the last columns)
 Expander = Callable[[torch.Tensor, torch.Tensor, int, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 
 
-def draft_chain(root_hidden: torch.Tensor, root_logits: torch.Tensor, expand: Expander, length: int) -> Draft:
-    """``length`` greedy tokens, each the argmax of the draft run on the previous one."""
-    tokens = [root_logits.argmax()]  # 0-d, stays on the device
-    hidden = root_hidden[None]  # (1, H)
+def draft_chain(root_hidden: torch.Tensor, root_logits: torch.Tensor, expand: Expander, length: int) -> list[Draft]:
+    """Per slot ``length`` greedy tokens, each the argmax of the draft run on the previous one: ``root_hidden``
+    ``(B, H)`` and ``root_logits`` ``(B, V)`` predict depth 1."""
+    tokens = [root_logits.argmax(dim=-1)]  # (B,) stays on the device
+    hidden = root_hidden[:, None]  # (B, 1, H)
     for depth in range(1, length):
         sees = torch.ones(1, depth, dtype=torch.bool, device=root_hidden.device)  # every earlier chain node and itself
-        hidden, logits = expand(tokens[-1].reshape(1), hidden, depth, sees)  # (1, H), (1, V)
-        tokens.append(logits[0].argmax())
-    return Draft.chain(torch.stack(tokens))  # (K,)
+        hidden, logits = expand(tokens[-1][:, None], hidden, depth, sees)  # (B, 1, H), (B, 1, V)
+        tokens.append(logits[:, 0].argmax(dim=-1))
+    return [Draft.chain(row) for row in torch.stack(tokens, dim=1)]  # (K,) each
 
 
 @dataclass(frozen=True)
@@ -75,28 +76,26 @@ class StaticTreePlan:
                               self.sees.to(device), self.expanded.to(device))
 
 
-def draft_static_tree(plan: StaticTreePlan, root_hidden: torch.Tensor, root_logits: torch.Tensor, expand: Expander) -> Draft:
-    """EAGLE-1: depth by depth, run the draft over the expanded nodes of that depth and place each child on its
-    rank of its parent's own top-k."""
-    tree, k = plan.tree, plan.tree.top_k
-    table = torch.empty(1 + plan.num_expanded, k, dtype=torch.long, device=root_hidden.device)  # (1 + E, k)
-    table[0] = root_logits.topk(k).indices
-    outputs = root_hidden.new_empty(1 + plan.num_expanded, root_hidden.shape[-1])  # (1 + E, H) row r: node's output
-    outputs[0] = root_hidden
+def draft_static_tree(plan: StaticTreePlan, root_hidden: torch.Tensor, root_logits: torch.Tensor,
+                      expand: Expander) -> list[Draft]:
+    """EAGLE-1: depth by depth, run the draft over every slot's expanded nodes of that depth and place each child on
+    its rank of its parent's own top-k; every slot's draft has the tree's shape."""
+    tree, k, rows = plan.tree, plan.tree.top_k, 1 + plan.num_expanded
+    batch = root_hidden.shape[0]
+    table = torch.empty(batch, rows, k, dtype=torch.long, device=root_hidden.device)  # (B, 1 + E, k)
+    table[:, 0] = root_logits.topk(k, dim=-1).indices
+    outputs = root_hidden.new_empty(batch, rows, root_hidden.shape[-1])  # (B, 1 + E, H) row r: node's output
+    outputs[:, 0] = root_hidden
     for depth, (begin, end) in enumerate(plan.levels, start=1):
         nodes = plan.expanded[begin:end]  # (W,)
-        tokens = table.view(-1)[plan.candidates[nodes]]  # (W,) their parents' rows are filled
-        hidden, logits = expand(tokens, outputs[plan.parent_rows[begin:end]], depth, plan.sees[begin:end, :end])
-        outputs[1 + begin: 1 + end] = hidden
-        table[1 + begin: 1 + end] = logits.topk(k, dim=-1).indices  # (W, k)
-    return Draft(
-        tokens=table.view(-1)[plan.candidates],  # (N,)
-        parents=tree.parents,
-        precomputed_depths=tree.depths,
-        precomputed_tree_mask=tree.tree_mask,
-        precomputed_is_chain=tree.is_chain,
-        precomputed_depth=tree.max_depth,
-    )
+        tokens = table.view(batch, -1)[:, plan.candidates[nodes]]  # (B, W) their parents' rows are filled
+        features = outputs[:, plan.parent_rows[begin:end]]  # (B, W, H)
+        hidden, logits = expand(tokens, features, depth, plan.sees[begin:end, :end])
+        outputs[:, 1 + begin: 1 + end] = hidden
+        table[:, 1 + begin: 1 + end] = logits.topk(k, dim=-1).indices  # (B, W, k)
+    return [Draft(tokens=row, parents=tree.parents, precomputed_depths=tree.depths,
+                  precomputed_tree_mask=tree.tree_mask, precomputed_is_chain=tree.is_chain,
+                  precomputed_depth=tree.max_depth) for row in table.view(batch, -1)[:, plan.candidates]]  # (N,) each
 
 
 def dynamic_pool_size(top_k: int, depth: int) -> int:
@@ -104,58 +103,61 @@ def dynamic_pool_size(top_k: int, depth: int) -> int:
     return top_k + (depth - 1) * top_k * top_k
 
 
-def select_nodes(scores: torch.Tensor, parents: torch.Tensor, total_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The ``total_tokens`` best candidates by cumulative log-probability, in candidate order, and each one's
-    verify-input parent index (0 = root).
-
-    ``scores`` ``(C,)``; ``parents`` ``(C,)`` each candidate's parent candidate (-1 = the root). A child's score
-    never exceeds its parent's (log-probabilities are <= 0) and a parent precedes its children, so a stable
-    descending sort ranks every parent before its children: the kept set holds every kept node's ancestors.
-    """
-    order = torch.sort(scores, descending=True, stable=True).indices[:total_tokens]
-    keep = order.sort().values  # (N,) candidate order: parents before children
-    parent = parents[keep]  # (N,)
-    index = torch.searchsorted(keep, parent.clamp(min=0)) + 1  # (N,) verify-input index of a kept parent
-    return keep, torch.where(parent < 0, torch.zeros_like(index), index)
-
-
 def draft_dynamic_tree(root_hidden: torch.Tensor, root_logits: torch.Tensor, expand: Expander, *, top_k: int,
-                       depth: int, total_tokens: int) -> Draft:
-    """EAGLE-2: expand the top_k best frontier nodes by cumulative draft log-probability, top_k children each, up
-    to ``depth``; keep the ``total_tokens`` best of every candidate scored.
+                       depth: int, total_tokens: int) -> list[Draft]:
+    """EAGLE-2, per slot: expand the top_k best frontier nodes by cumulative draft log-probability, top_k children
+    each, up to ``depth``; keep the ``total_tokens`` best of every candidate scored.
 
-    The draft's shape comes built on the device, with no host read (docs/eagle.md#host-reads-per-step): each
-    candidate's depth is its level, the ancestor mask is the closure of the kept parents (at most ``depth``
-    levels), and the draft verifies as a tree; only its longest path (the deepest kept level) is left to the
-    step's one readback, which the device verification fills in."""
-    device = root_hidden.device
-    scores, tokens = torch.log_softmax(root_logits.float(), dim=-1).topk(top_k)  # (k,) each
+    Every slot's frontier and selection are its row of ``(B, ...)`` tensors, and each draft's shape comes built on
+    the device, with no host read (docs/eagle.md#host-reads-per-step): each candidate's depth is its level, the
+    ancestor mask is the closure of the kept parents (at most ``depth`` levels), and the draft verifies as a tree;
+    only its longest path (the deepest kept level) is left to the step's one readback."""
+    device, (batch, k) = root_hidden.device, (root_hidden.shape[0], top_k)
+    scores, tokens = torch.log_softmax(root_logits.float(), dim=-1).topk(k, dim=-1)  # (B, k) each
     all_scores, all_tokens = [scores], [tokens]
-    all_parents = [torch.full((top_k,), -1, dtype=torch.long, device=device)]
-    all_levels = [torch.ones(top_k, dtype=torch.long, device=device)]  # each candidate's depth: its level
-    frontier = torch.arange(top_k, device=device)  # (k,) candidate index of each frontier node
-    features = root_hidden.expand(top_k, -1)  # (k, H) each frontier node reads its parent's output
-    itself = torch.eye(top_k, dtype=torch.bool, device=device)  # (k, k) each new frontier node sees itself
-    sees = itself  # (k, k) over the nodes expanded so far
-    offset = top_k
+    all_parents = [torch.full((batch, k), -1, dtype=torch.long, device=device)]
+    all_levels = [torch.ones(k, dtype=torch.long, device=device)]  # each candidate's depth: its level
+    frontier = torch.arange(k, device=device).expand(batch, k)  # (B, k) candidate index of each frontier node
+    features = root_hidden[:, None].expand(batch, k, root_hidden.shape[-1])  # (B, k, H) each reads its parent's output
+    itself = torch.eye(k, dtype=torch.bool, device=device).expand(batch, k, k)  # (B, k, k) each new node sees itself
+    sees, offset = itself, k  # (B, k, k) over the nodes expanded so far
     for level in range(1, depth):
-        hidden, logits = expand(tokens, features, level, sees)  # (k, H), (k, V)
-        child_logp, child_tokens = torch.log_softmax(logits.float(), dim=-1).topk(top_k, dim=-1)  # (k, k) each
-        child_scores = (scores[:, None] + child_logp.clamp(max=0.0)).flatten()  # (k * k,) cumulative, never above the parent
+        hidden, logits = expand(tokens, features, level, sees)  # (B, k, H), (B, k, V)
+        child_logp, child_tokens = torch.log_softmax(logits.float(), dim=-1).topk(k, dim=-1)  # (B, k, k) each
+        child_scores = (scores[:, :, None] + child_logp.clamp(max=0.0)).flatten(1)  # (B, k * k) never above the parent
         all_scores.append(child_scores)
-        all_tokens.append(child_tokens.flatten())
-        all_parents.append(frontier.repeat_interleave(top_k))
-        all_levels.append(torch.full((top_k * top_k,), level + 1, dtype=torch.long, device=device))
-        scores, best = child_scores.topk(top_k)  # (k,) the next frontier
-        source = best // top_k  # (k,) the frontier row each comes from
-        frontier, tokens, features = offset + best, child_tokens.flatten()[best], hidden[source]
-        sees = torch.cat([sees[source], itself], dim=1)  # (k, k * (level + 1))
-        offset += top_k * top_k
-    keep, parents = select_nodes(torch.cat(all_scores), torch.cat(all_parents), total_tokens)
-    depths = torch.cat([torch.zeros(1, dtype=torch.long, device=device), torch.cat(all_levels)[keep]])  # (N + 1,)
+        all_tokens.append(child_tokens.flatten(1))
+        all_parents.append(frontier.repeat_interleave(k, dim=1))
+        all_levels.append(torch.full((k * k,), level + 1, dtype=torch.long, device=device))
+        scores, best = child_scores.topk(k, dim=-1)  # (B, k) the next frontier
+        source = best // k  # (B, k) the frontier row each comes from
+        frontier, tokens = offset + best, child_tokens.flatten(1).gather(1, best)
+        features = hidden.gather(1, source[:, :, None].expand(-1, -1, hidden.shape[-1]))  # (B, k, H)
+        sees = torch.cat([sees.gather(1, source[:, :, None].expand(-1, -1, sees.shape[-1])), itself], dim=2)
+        offset += k * k
+    keep, parents = select_nodes(torch.cat(all_scores, dim=1), torch.cat(all_parents, dim=1), total_tokens)
+    levels = torch.cat(all_levels)[keep]  # (B, N)
+    depths = torch.cat([levels.new_zeros(batch, 1), levels], dim=1)  # (B, N + 1)
+    masks = ancestor_mask(parents, depth)  # (B, N + 1, N + 1)
+    ids = torch.cat(all_tokens, dim=1).gather(1, keep)  # (B, N)
     # one path iff top_k is 1; never one when more nodes are kept than there are levels; else only the parents
     # tell (a host read, kept exact for sampling's chain rule: a rare setting, total_tokens <= depth)
     chain = True if top_k == 1 else (False if total_tokens > depth else None)
-    return Draft(tokens=torch.cat(all_tokens)[keep], parents=parents, precomputed_depths=depths,
-                 precomputed_tree_mask=ancestor_mask(parents, depth), precomputed_is_chain=chain,
-                 precomputed_depth=total_tokens if top_k == 1 else None)
+    return [Draft(tokens=ids[b], parents=parents[b], precomputed_depths=depths[b], precomputed_tree_mask=masks[b],
+                  precomputed_is_chain=chain, precomputed_depth=total_tokens if top_k == 1 else None)
+            for b in range(batch)]
+
+
+def select_nodes(scores: torch.Tensor, parents: torch.Tensor, total_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per row, the ``total_tokens`` best candidates by cumulative log-probability, in candidate order ``(B, N)``,
+    and each one's verify-input parent index (0 = root) ``(B, N)``.
+
+    ``scores`` ``(B, C)``; ``parents`` ``(B, C)`` each candidate's parent candidate (-1 = the root). A child's score
+    never exceeds its parent's (log-probabilities are <= 0) and a parent precedes its children, so a stable
+    descending sort ranks every parent before its children: the kept set holds every kept node's ancestors.
+    """
+    order = torch.sort(scores, dim=1, descending=True, stable=True).indices[:, :total_tokens]
+    keep = order.sort(dim=1).values  # (B, N) candidate order: parents before children
+    parent = parents.gather(1, keep)  # (B, N)
+    index = torch.searchsorted(keep, parent.clamp(min=0)) + 1  # (B, N) verify-input index of a kept parent
+    return keep, torch.where(parent < 0, torch.zeros_like(index), index)

@@ -36,6 +36,10 @@ class SlotProposer(ABC):
     def describe(self) -> dict:
         return {"name": "batched"}
 
+    def with_batch_size(self, batch_size: int) -> "SlotProposer":
+        """This proposer for ``batch_size`` slots (a registry's slot proposer is built for its target's)."""
+        raise NotImplementedError(f"{type(self).__name__} is built for its batch size; it has no with_batch_size")
+
 
 class PerSlotProposer(SlotProposer):
     """One per-sequence :class:`Proposer` per slot, called in turn (n-gram on each slot's host mirror, and any

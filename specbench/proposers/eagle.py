@@ -1,24 +1,21 @@
-"""EAGLE proposer: a draft head over the target's features drafts a top-1 chain, an EAGLE-1 static tree or an
-EAGLE-2 dynamic tree, catching its KV cache up with the target's features of the accepted tokens each step
-(docs/eagle.md)."""
+"""EAGLE proposer over B slots: a draft head over the target's features drafts every slot's top-1 chain, EAGLE-1
+static tree or EAGLE-2 dynamic tree at once, catching each slot's draft cache up with the target's features of its
+accepted tokens every step, eagerly or through captured graphs (docs/eagle.md)."""
 
 from __future__ import annotations
+
+import copy
 
 import torch
 from torch import nn
 
-from specbench.eagle.captured import CATCH_UP, EXPAND, CapturedHead
+from specbench.eagle.captured import CapturedHead
 from specbench.eagle.draft_head import EagleHead
-from specbench.eagle.expansion import (
-    StaticTreePlan,
-    draft_chain,
-    draft_dynamic_tree,
-    draft_static_tree,
-    dynamic_pool_size,
-)
+from specbench.eagle.expansion import StaticTreePlan, draft_chain, draft_dynamic_tree, draft_static_tree, dynamic_pool_size
 from specbench.engine.draft import Draft
 from specbench.engine.graph_capture import GraphBackend, StepGraphs
-from specbench.engine.proposer import Proposer, ProposerState
+from specbench.engine.proposer import ProposerState
+from specbench.engine.slot_proposer import SlotProposer
 from specbench.medusa.trees import TreeSpec, load_tree
 from specbench.proposers.registry import register_proposer
 
@@ -48,34 +45,16 @@ def target_hidden_size(target) -> int:
     return int(hidden)
 
 
-def target_captures_steps(target) -> bool:
-    """Whether the draft's forwards are captured beside ``target``: a StaticTarget with CUDA graphs on (as the
-    draft-model proposer's own StaticTarget is); the eager engine keeps eager drafting."""
-    from specbench.engine.static_target import StaticTarget  # the static engine loads only when asked for
-
-    return isinstance(target, StaticTarget) and target.cuda_graphs
-
-
 @register_proposer
-class EagleProposer(Proposer):
+class EagleProposer(SlotProposer):
     name = "eagle"
     needs_hidden_states = True
     head_label, head_type = "EAGLE", "EagleHead"  # how from_options' refusals name the head
 
-    def __init__(
-        self,
-        head: EagleHead,
-        lm_head: nn.Module,
-        embedding: nn.Module | None = None,
-        *,
-        num_speculative_tokens: int | None = None,
-        tree: TreeSpec | None = None,
-        top_k: int | None = None,
-        depth: int | None = None,
-        total_tokens: int | None = None,
-        cuda_graphs: bool = False,
-        graph_backend: GraphBackend | None = None,
-    ):
+    def __init__(self, head: EagleHead, lm_head: nn.Module, embedding: nn.Module | None = None, *, batch_size: int = 1,
+                 num_speculative_tokens: int | None = None, tree: TreeSpec | None = None, top_k: int | None = None,
+                 depth: int | None = None, total_tokens: int | None = None, cuda_graphs: bool = False,
+                 graph_backend: GraphBackend | None = None):
         """``cuda_graphs``: capture the draft's forwards (on CUDA, or through ``graph_backend``, a test's stand-in)."""
         dynamic = {"top_k": top_k, "depth": depth, "total_tokens": total_tokens}
         given = [name for name, on in (("num_speculative_tokens", num_speculative_tokens is not None),
@@ -88,7 +67,6 @@ class EagleProposer(Proposer):
                 f"{', '.join(given) or 'none'}"
             )
         vocab = int(lm_head.weight.shape[0])
-        device = head.fc.weight.device
         self.mode = {"num_speculative_tokens": "chain", "tree": "tree"}.get(given[0], "dynamic")
         self.plan: StaticTreePlan | None = None
         if self.mode == "chain":
@@ -99,7 +77,7 @@ class EagleProposer(Proposer):
             buffers = load_tree(tree)
             if buffers.top_k > vocab:
                 raise ValueError(f"EAGLE tree uses rank {buffers.top_k - 1} but the vocabulary has {vocab} tokens")
-            self.plan = StaticTreePlan.from_tree(buffers).to(device)
+            self.plan = StaticTreePlan.from_tree(buffers).to(head.fc.weight.device)
             self.num_nodes, self.expansion_slots = buffers.num_nodes, self.plan.num_expanded
         else:
             missing = [name for name, value in dynamic.items() if value is None]
@@ -123,42 +101,48 @@ class EagleProposer(Proposer):
         self.embedding = head.embed_tokens if head.embed_tokens is not None else embedding
         if self.embedding is None:
             raise ValueError("this draft head has no embed_tokens of its own; pass the target's embedding")
-        self._capacity = 0
-        self._committed = 0  # draft positions whose KV holds the target's features (positions 0 .. committed - 1)
-        # beside a capturing static target each draft forward is a (kind, width) graph replay
-        # (docs/eagle.md#graph-capture-on-the-static-engine)
-        self.captured = CapturedHead(self.head, self.embedding, self._logits,
-                                     StepGraphs.for_device(device, cuda_graphs, graph_backend),
+        self._graph_options = (cuda_graphs, graph_backend)
+        self._set_batch_size(batch_size)
+
+    def _set_batch_size(self, batch_size: int) -> None:
+        """Per-slot state for ``batch_size`` slots: the draft cache and its steps, eager or captured (beside a
+        capturing static target, docs/eagle.md#graph-capture-on-the-static-engine)."""
+        if not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
+        self.batch_size, self._capacity = batch_size, 0
+        graphs = StepGraphs.for_device(self.head.fc.weight.device, *self._graph_options)
+        self.captured = CapturedHead(self.head, self.embedding, self._logits, graphs, batch_size=batch_size,
                                      expansion_slots=self.expansion_slots)
-        self._captured_root: tuple[torch.Tensor, torch.Tensor] | None = None  # the last captured catch-up's (H,), (V,)
+        self.cache = self.captured.cache  # (2, B, KVH, S, D); lengths: draft positions holding the target's features
+
+    def with_batch_size(self, batch_size: int) -> "EagleProposer":
+        """This proposer for ``batch_size`` slots (``for_batch``): the head, drafting rule and graph setting shared,
+        its own draft cache and graphs."""
+        if batch_size == self.batch_size:
+            return self
+        other = copy.copy(self)
+        other._set_batch_size(batch_size)
+        return other
 
     @classmethod
-    def from_options(
-        cls,
-        target,
-        *,
-        head: EagleHead | None = None,
-        path: str | None = None,
-        num_speculative_tokens: int | None = None,
-        tree: TreeSpec | None = None,
-        top_k: int | None = None,
-        depth: int | None = None,
-        total_tokens: int | None = None,
-        cuda_graphs: bool | None = None,
-        graph_backend: GraphBackend | None = None,
-    ) -> "EagleProposer":
+    def from_options(cls, target, *, head: EagleHead | None = None, path: str | None = None,
+                     num_speculative_tokens: int | None = None, tree: TreeSpec | None = None, top_k: int | None = None,
+                     depth: int | None = None, total_tokens: int | None = None, cuda_graphs: bool | None = None,
+                     graph_backend: GraphBackend | None = None) -> "EagleProposer":
         """A head from ``head`` (a module) or ``path`` (a checkpoint reference), moved to the target's device and
-        dtype; the target's lm_head scores its outputs and its embedding serves heads without embed_tokens.
-        ``cuda_graphs`` None captures the draft's forwards exactly when the target captures its steps. A subclass
-        changes the head it reads and the proposer it builds through the hooks below (Eagle3Proposer's: the head's
-        own lm_head, the target asked for its aux-layer features)."""
+        dtype, for the target's batch size; the target's lm_head scores its outputs and its embedding serves heads
+        without embed_tokens. ``cuda_graphs`` None captures the draft's forwards exactly when the target captures
+        its steps. A subclass changes the head it reads and the proposer it builds through the hooks below
+        (Eagle3Proposer's: the head's own lm_head, the target asked for its aux-layer features)."""
         if (head is None) == (path is None):
             raise ValueError(f"{cls.head_label} needs exactly one of head (an {cls.head_type}) or path (a checkpoint); "
                              f"got head={type(head).__name__ if head is not None else None}, path={path!r}")
         head = cls._target_head(target, head, path).to(device=target.device, dtype=target.dtype)
-        cuda_graphs = target_captures_steps(target) if cuda_graphs is None else cuda_graphs
-        drafting = dict(num_speculative_tokens=num_speculative_tokens, tree=tree, top_k=top_k, depth=depth,
-                        total_tokens=total_tokens, cuda_graphs=cuda_graphs, graph_backend=graph_backend)
+        if cuda_graphs is None:  # as the target's steps: captured on a static target with graphs on, else eager
+            cuda_graphs = bool(getattr(target, "cuda_graphs", False))
+        drafting = dict(batch_size=target.batch_size, num_speculative_tokens=num_speculative_tokens, tree=tree,
+                        top_k=top_k, depth=depth, total_tokens=total_tokens, cuda_graphs=cuda_graphs,
+                        graph_backend=graph_backend)
         return cls._for_target(target, head, drafting)
 
     # -- from_options' hooks: what differs between an EAGLE-1/2 head and an EAGLE-3 one -------------------
@@ -212,7 +196,7 @@ class EagleProposer(Proposer):
         embed = "own" if self.head.embed_tokens is not None else "target"
         graphs = self.captured.graphs
         settings = {"name": self.name, "mode": self.mode, "embed_tokens": embed, "draft_graphs": graphs.enabled,
-                    "draft_capture_seconds": graphs.capture_seconds}
+                    "draft_capture_seconds": graphs.capture_seconds, "batching": f"batched head ({self.mode})"}
         if self.mode == "chain":
             settings["num_speculative_tokens"] = self.num_nodes
         elif self.mode == "tree":
@@ -221,22 +205,6 @@ class EagleProposer(Proposer):
         else:
             settings.update(top_k=self.top_k, depth=self.depth, total_tokens=self.total_tokens)
         return settings
-
-    # -- per request -----------------------------------------------------------------------------------
-
-    @property
-    def capture_seconds(self) -> float:
-        """The drafting graphs' capture so far (a run checks that none happened while timed)."""
-        return self.captured.graphs.capture_seconds
-
-    def reserve(self, num_tokens: int) -> None:
-        """Draft-cache room for requests of ``num_tokens`` tokens plus one step's expansion; with drafting graphs on,
-        every graph a request can replay is captured here, before any clock starts (:meth:`_prepare_graphs`)."""
-        self._capacity = max(self._capacity, num_tokens + self.expansion_slots, self._PREPARE_PROMPT + self.max_depth
-                             + 2 + self.expansion_slots)
-        self.head.reset_cache(self._capacity)
-        self._committed = 0
-        self._prepare_graphs()
 
     @property
     def max_depth(self) -> int:
@@ -250,103 +218,104 @@ class EagleProposer(Proposer):
         """F of the target features each draft position reads: EAGLE-1/2's ``fc`` takes the embedding and F = H."""
         return self.head.fc.in_features - self.head.config.hidden_size
 
+    def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden).float()  # (R, V): the draft's output goes through the target's lm_head as it is
+
+    # -- per request -----------------------------------------------------------------------------------
+
+    @property
+    def capture_seconds(self) -> float:
+        """The drafting graphs' capture so far (a run checks that none happened while timed)."""
+        return self.captured.graphs.capture_seconds
+
+    def reserve(self, num_tokens: int) -> None:
+        """Draft-cache room for requests of ``num_tokens`` tokens plus one step's expansion in every slot; with
+        drafting graphs on, every graph a request can replay is captured here, before any clock starts."""
+        self._capacity = max(self._capacity, num_tokens + self.expansion_slots, self._PREPARE_PROMPT + self.max_depth
+                             + 2 + self.expansion_slots)
+        self.captured.reserve(self._capacity)
+        self._prepare_graphs()
+        self.cache.lengths = [0] * self.batch_size
+
     _PREPARE_PROMPT = 1  # the dummy request's prompt length: its first catch-up (eager) is one position
 
     @torch.inference_mode()
     def _prepare_graphs(self) -> None:
-        """Capture the drafting graphs on a dummy request of zeros: the expansions' (their widths do not depend on
-        the tokens) and a catch-up of every width a step can bring, 1 to ``max_depth`` + 1 (the accepted tokens
-        and the bonus one). Skipped when the graphs over this draft cache exist; the cache is emptied after."""
-        cache = self.head.cache
-        if not self.captured.enabled or (cache is not None and self.captured.prepared_over is cache.kv):
+        """Capture the drafting graphs on a dummy request of zeros in every slot: the expansions' (their widths do
+        not depend on the tokens) and a catch-up of every width a step can bring, 1 to ``max_depth`` + 1 (the
+        accepted tokens and the bonus one). Skipped when the graphs over this draft cache exist."""
+        captured = self.captured
+        if not captured.enabled or captured.prepared_over is self.cache.kv:
             return
-        device, dtype = self.head.fc.weight.device, self.head.fc.weight.dtype
         base, widths = self._PREPARE_PROMPT, range(1, self.max_depth + 2)
-        tokens = torch.zeros(base + widths[-1] + 1, dtype=torch.long, device=device)  # (T,)
-        features = torch.zeros(tokens.numel() - 1, self.feature_width, dtype=dtype, device=device)  # (T - 1, F)
-        self._draft(ProposerState(token_ids=tokens[: base + 1], hidden_states=features[:base]))  # eager catch-up
-        for width in widths:
-            self._committed = base  # each catch-up starts at the same position: `width` new ones
-            self._draft(ProposerState(token_ids=tokens[: base + width + 1], hidden_states=features[: base + width]))
-        self.head.reset_cache(self._capacity)
-        self._committed, self._captured_root = 0, None
-        self.captured.prepared_over = self.head.cache.kv
+        tokens = torch.zeros(base + widths[-1] + 1, dtype=torch.long, device=self.cache.kv.device)  # (T,)
+        features = tokens.new_zeros(tokens.numel() - 1, self.feature_width, dtype=self.cache.kv.dtype)  # (T - 1, F)
+        slots = range(self.batch_size)
+        self._draft({b: ProposerState(token_ids=tokens[: base + 1], hidden_states=features[:base]) for b in slots})
+        for width in widths:  # each catch-up starts at the same position: `width` new ones
+            self.cache.lengths = [base] * self.batch_size
+            self._draft({b: ProposerState(token_ids=tokens[: base + width + 1], hidden_states=features[: base + width])
+                         for b in slots})
+        captured.prepared_over = self.cache.kv
 
-    def begin_request(self, prompt_ids: torch.Tensor) -> None:
-        self.head.reset_cache(max(self._capacity, prompt_ids.numel() + self.expansion_slots + 1))
-        self._committed = 0
+    def begin_request(self, slot: int, prompt_ids: torch.Tensor) -> None:
+        self.captured.reserve(max(self._capacity, prompt_ids.numel() + self.expansion_slots + 1))
+        self.cache.lengths[slot] = 0
 
-    def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(hidden).float()  # (W, V): the draft's output goes through the target's lm_head as it is
-
-    def _catch_up(self, state: ProposerState) -> torch.Tensor:
-        """Run the draft over the positions the target accepted since the last call, with the target's features;
-        returns ``(H,)``, the draft's output at the last position (the root's), which predicts depth 1.
-
-        Draft position i reads ``embed(token_ids[i + 1])`` and ``hidden_states[i]``. Entries past the committed
-        positions (the last draft's nodes) are dropped first. A call with nothing new redoes the last position,
-        so a repeated call costs what a step with no accepted token costs (docs/eagle.md#catch-up). Captured, the
-        output is a view of the graph's static output, valid until the next catch-up of the same width.
-        """
-        tokens, features = state.token_ids, state.hidden_states
-        need = tokens.numel() - 1  # draft positions 0 .. T - 2
-        if features is None or features.shape[0] != need or need < 1:
-            got = None if features is None else tuple(features.shape)
-            raise ValueError(
-                f"the EAGLE proposer needs the target's hidden states ({need}, H) for {tokens.numel()} tokens, got {got}"
-            )
-        start = min(self._committed, self.head.cache_length, need - 1)
-        self.head.truncate(start)
-        self._committed, self._captured_root = need, None
-        device = self.head.fc.weight.device
-        new_tokens, new_features = tokens[start + 1: need + 1].to(device), features[start:need].to(device)  # (W,), (W, F)
-        if self.captured.enabled and 0 < start and need - start <= self.num_nodes + 1:
-            # a step's catch-up (the accepted tokens and the bonus one): one graph per width; the first catch-up
-            # of a request (the whole prompt, a new width every request) runs eagerly
-            hidden, logits = self.captured.step(CATCH_UP, new_tokens, new_features, start=start, visible=start,
-                                                position=start)  # (W, H), (1, V)
-            self._captured_root = (hidden[-1], logits[0])
-            return self._captured_root[0]
-        positions = torch.arange(start, need, device=device)  # (W,)
-        return self.head.extend(self.embedding(new_tokens), new_features, positions)[-1]  # (H,)
-
-    def _root_logits(self, root_hidden: torch.Tensor) -> torch.Tensor:
-        """(V,) the root's logits (predicting depth 1): the captured catch-up's own when it produced ``root_hidden``."""
-        if self._captured_root is not None and self._captured_root[0] is root_hidden:
-            return self._captured_root[1]
-        return self._logits(root_hidden[None])[0]
-
-    def _expander(self):
-        committed, root_position = self._committed, self._committed - 1
-
-        if self.captured.enabled:
-            def expand(tokens: torch.Tensor, features: torch.Tensor, depth: int, sees: torch.Tensor):
-                return self.captured.step(EXPAND, tokens, features, start=self.head.cache_length, visible=committed,
-                                          position=root_position + depth, block=sees)  # (W, H), (W, V)
-
-            return expand
-
-        def expand(tokens: torch.Tensor, features: torch.Tensor, depth: int, sees: torch.Tensor):
-            positions = torch.full((tokens.numel(),), root_position + depth, device=tokens.device)  # (W,) siblings share one
-            hidden = self.head.extend(self.embedding(tokens), features, positions, visible=committed, block_mask=sees)
-            return hidden, self._logits(hidden)  # (W, H), (W, V)
-
-        return expand
+    # -- propose -------------------------------------------------------------------------------------
 
     @torch.inference_mode()
-    def propose(self, state: ProposerState) -> Draft:
-        return self._draft(state)
+    def propose(self, states: dict[int, ProposerState]) -> dict[int, Draft | None]:
+        if not states:
+            return {}
+        drafts = self._draft(states)
+        return {slot: drafts[slot] for slot in states}
 
-    def _draft(self, state: ProposerState) -> Draft:
-        root_hidden = self._catch_up(state)  # (H,)
-        root_logits = self._root_logits(root_hidden)  # (V,) predicts depth 1
-        expand = self._expander()
-        try:
-            if self.mode == "chain":
-                return draft_chain(root_hidden, root_logits, expand, self.num_nodes)
-            if self.mode == "tree":
-                return draft_static_tree(self.plan, root_hidden, root_logits, expand)
-            return draft_dynamic_tree(root_hidden, root_logits, expand, top_k=self.top_k, depth=self.depth,
-                                      total_tokens=self.total_tokens)
-        finally:
-            self.head.truncate(self._committed)  # the draft nodes' entries never outlive the step
+    def _draft(self, states: dict[int, ProposerState]) -> list[Draft]:
+        """Every slot's draft (an idle slot's is discarded): one catch-up step, then one step per expansion depth."""
+        root_hidden, root_logits = self._catch_up(states)  # (B, H), (B, V) predicts depth 1
+        expand = self.captured.expand
+        if self.mode == "chain":
+            return draft_chain(root_hidden, root_logits, expand, self.num_nodes)
+        if self.mode == "tree":
+            return draft_static_tree(self.plan, root_hidden, root_logits, expand)
+        return draft_dynamic_tree(root_hidden, root_logits, expand, top_k=self.top_k, depth=self.depth,
+                                  total_tokens=self.total_tokens)
+
+    def _catch_up(self, states: dict[int, ProposerState]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Run the draft over each slot's positions the target accepted since its last call, with the target's
+        features, in one step padded to the widest slot; returns the draft's output ``(B, H)`` and logits
+        ``(B, V)`` at each slot's last position (its root's; idle rows: anything).
+
+        Draft position i reads ``embed(token_ids[i + 1])`` and ``hidden_states[i]``, from ``start = min(committed,
+        T - 2)``: entries past the committed positions (the last draft's nodes) are overwritten, and a call with
+        nothing new redoes the last position, so it costs what a step with no accepted token costs
+        (docs/eagle.md#catch-up). A slot no longer decoding starts over when it gets a request.
+        """
+        lengths, batch = self.cache.lengths, self.batch_size
+        starts, counts, parts = [0] * batch, [1] * batch, []
+        for slot in range(batch):
+            if slot not in states:
+                lengths[slot] = 0
+        for slot, state in states.items():
+            if not 0 <= slot < batch:
+                raise ValueError(f"slot {slot} of an EAGLE proposer of {batch} slots; build it for the target's batch "
+                                 "size (proposers.batched.for_batch)")
+            tokens, features = state.token_ids, state.hidden_states
+            need = tokens.numel() - 1  # draft positions 0 .. T - 2, host-known from the view's shape
+            if features is None or features.dim() != 2 or features.shape[0] != need or need < 1:
+                got = None if features is None else tuple(features.shape)
+                raise ValueError(f"the EAGLE proposer needs the target's hidden states ({need}, F) for slot {slot}'s "
+                                 f"{tokens.numel()} tokens, got {got}")
+            if features.shape[1] != self.feature_width:
+                raise ValueError(f"the EAGLE head reads {self.feature_width}-wide features, slot {slot} has "
+                                 f"{features.shape[1]} (an EAGLE-3 head needs the batched target's set_aux_layers)")
+            start = min(lengths[slot], need - 1)
+            starts[slot], counts[slot], lengths[slot] = start, need - start, need
+            parts.append((slot, tokens[start + 1: need + 1], features[start:need]))  # (n,), (n, F)
+        self.captured.set_slots(starts, counts, lengths)
+        # a step's catch-up (the accepted tokens and the bonus one) replays its width's graph; a request's first
+        # (its prompt: a new width every request) and anything wider run eagerly
+        width = max(counts)
+        replayable = width <= self.max_depth + 1 and all(starts[slot] > 0 for slot in states)
+        return self.captured.catch_up(parts, width, replayable=replayable)

@@ -1,4 +1,4 @@
-"""EAGLE-3 proposer: EagleProposer's catch-up and drafting rules over an EAGLE-3 head, which reads the target's
+"""EAGLE-3 proposer: EagleProposer's slots, catch-up and drafting rules over an EAGLE-3 head, which reads the target's
 aux-layer features, scores through its own norm and lm_head and maps draft ids to target ids (docs/eagle.md#eagle-3)."""
 
 from __future__ import annotations
@@ -28,8 +28,9 @@ class Eagle3Proposer(EagleProposer):
     head_label, head_type = "EAGLE-3", "Eagle3Head"
 
     def __init__(self, head: Eagle3Head, embedding: nn.Module, *, target_vocab_size: int, **drafting):
-        """``drafting``: EagleProposer's keyword options (num_speculative_tokens, tree, top_k, depth, total_tokens,
-        cuda_graphs, graph_backend); the head's lm_head bounds tree ranks and top_k by the draft vocabulary."""
+        """``drafting``: EagleProposer's keyword options (batch_size, num_speculative_tokens, tree, top_k, depth,
+        total_tokens, cuda_graphs, graph_backend); the head's lm_head bounds tree ranks and top_k by the draft
+        vocabulary."""
         super().__init__(head, head.lm_head, embedding, **drafting)
         self.target_vocab_size = target_vocab_size
         self.draft_ids = head.draft_to_target()  # (Vd,) target id of each draft id
@@ -72,10 +73,10 @@ class Eagle3Proposer(EagleProposer):
         return settings
 
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """(W, V) fp32 over the target's ids: the draft vocabulary's logits at their target ids, -inf elsewhere, so
+        """(R, V) fp32 over the target's ids: the draft vocabulary's logits at their target ids, -inf elsewhere, so
         only ids with ``t2d`` set are ever drafted (the expansion rules run unchanged)."""
-        draft = self.head.logits(hidden)  # (W, Vd)
+        draft = self.head.logits(hidden)  # (R, Vd)
         if self.identity_vocab:
             return draft
-        full = draft.new_full((draft.shape[0], self.target_vocab_size), -torch.inf)  # (W, V)
+        full = draft.new_full((draft.shape[0], self.target_vocab_size), -torch.inf)  # (R, V)
         return full.index_copy_(1, self.draft_ids, draft)

@@ -106,6 +106,10 @@ class MedusaProposer(SlotProposer):
     def max_draft_tokens(self) -> int:
         return self.tree.num_nodes if self.tree is not None else self.depth
 
+    def with_batch_size(self, batch_size: int) -> "MedusaProposer":
+        """Itself: the heads keep no per-slot state, so one proposer drafts for any number of slots."""
+        return self
+
     def describe(self) -> dict:
         settings = {"name": self.name, "num_heads": self.heads.config.num_heads}
         if self.tree is None:

@@ -22,8 +22,9 @@ _BUILTIN_MODULES = {"ngram": "specbench.proposers.ngram", "medusa": "specbench.p
 _REGISTRY: dict[str, type[Proposer | SlotProposer]] = {}
 
 
-def register_proposer(cls: type[Proposer]) -> type[Proposer]:
-    """Class decorator: make ``cls`` available under ``cls.name``."""
+def register_proposer(cls: type[Proposer | SlotProposer]) -> type[Proposer | SlotProposer]:
+    """Class decorator: make ``cls`` (a per-sequence :class:`Proposer`, or a :class:`SlotProposer` built for its
+    target's batch size: a ``name`` and ``from_options``) available under ``cls.name``."""
     if not isinstance(getattr(cls, "name", None), str) or not cls.name:
         raise TypeError(f"{cls.__qualname__} must set a non-empty class attribute `name`")
     existing = _REGISTRY.get(cls.name)
@@ -42,7 +43,7 @@ def available_proposers() -> list[str]:
     return sorted(set(_BUILTIN_MODULES) | set(_REGISTRY) | set(_entry_point_names()))
 
 
-def get_proposer_class(name: str) -> type[Proposer]:
+def get_proposer_class(name: str) -> type[Proposer | SlotProposer]:
     if name in _REGISTRY:
         return _REGISTRY[name]
     if name in _BUILTIN_MODULES:
@@ -68,8 +69,8 @@ class ProposerOptionsError(ValueError):
     """A proposer given options it does not take (a case file's proposer table, most likely)."""
 
 
-def create_proposer(name: str, target: "Target", **options) -> Proposer:
-    """Build the proposer called ``name`` for ``target`` with its options."""
+def create_proposer(name: str, target: "Target", **options) -> Proposer | SlotProposer:
+    """Build the proposer called ``name`` for ``target`` with its options (a slot proposer for its batch size)."""
     cls = get_proposer_class(name)
     parameters = inspect.signature(cls.from_options).parameters
     takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())

@@ -54,8 +54,8 @@ def batched_target_for(case: Case, target=None, tokenizer=None):
 
 
 def batched_form(case: Case, static: StaticTarget, proposer, batch_size: int):
-    """``proposer`` (built for ``static``) in its batched form, None for plain decoding: Medusa, the draft model and
-    EAGLE batched, any other one per slot, built like the case's own proposer."""
+    """``proposer`` (built for ``static``) for ``batch_size`` slots, None for plain decoding: a slot proposer (Medusa,
+    the draft model, EAGLE) rebuilt for B, any other one per slot, built like the case's own proposer."""
     if proposer is None:
         return None
     return for_batch(proposer, batch_size, factory=lambda: build_proposer(case, static))
