@@ -65,6 +65,8 @@ def test_entry_point_may_name_a_slot_proposer(monkeypatch):
     monkeypatch.setattr(registry, "entry_points", fake_entry_points(f"{__name__}:ThirdPartySlotProposer"))
     monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
     assert isinstance(registry.create_proposer("third-party", target=None), ThirdPartySlotProposer)
+    for name in ("medusa", "draft", "eagle", "eagle3"):  # the built-ins with one form for every batch size
+        assert issubclass(registry.get_proposer_class(name), SlotProposer), name
 
 
 def test_entry_point_must_name_a_proposer(monkeypatch):
@@ -83,26 +85,3 @@ def test_name_clash_is_refused(monkeypatch):
 
     with pytest.raises(ValueError, match="already taken"):
         registry.register_proposer(Impostor)
-
-
-class ThirdPartySlotProposer(SlotProposer):
-    name = "third-party"
-
-    @classmethod
-    def from_options(cls, target, **options):
-        return cls()
-
-    @property
-    def max_draft_tokens(self) -> int:
-        return 1
-
-    def propose(self, states):
-        return {slot: None for slot in states}
-
-
-def test_a_slot_proposer_class_is_accepted(monkeypatch):
-    """A proposer in slot form (a ``name`` and ``from_options`` on a SlotProposer), built in or installed."""
-    monkeypatch.setattr(registry, "entry_points", fake_entry_points(f"{__name__}:ThirdPartySlotProposer"))
-    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
-    assert isinstance(registry.create_proposer("third-party", target=None), ThirdPartySlotProposer)
-    assert issubclass(registry.get_proposer_class("draft"), SlotProposer)

@@ -102,7 +102,7 @@ class Case:
     quality_baseline: str | None = None
     # GPU memory the case needs (GiB); the pytest plugin skips below it
     min_gpu_gib: float | None = None
-    # requests decoded together by the batched engine (engine = "static"); unset: the single-sequence loop
+    # requests decoded together by the static engine's B slots (engine = "static"); unset: one request at a time
     batch_size: int | None = None
     # a sweep over batch sizes: load_suite expands the case into one case per size, NAME[batch_size=B]
     batch_sizes: list[int] | None = None
@@ -162,7 +162,7 @@ def _check_tensor_parallel(data: dict, origin: str) -> None:
 
 
 def _check_batching(data: dict, origin: str) -> None:
-    """batch_size and batch_sizes exclude each other and need the batched engine's ``engine``."""
+    """batch_size and batch_sizes exclude each other and need the static engine (``engine = "static"``)."""
     if data.get("batch_size") is not None and data.get("batch_sizes") is not None:
         raise ValueError(f"{origin}: set batch_size (one size) or batch_sizes (a sweep), not both; found "
                          f"batch_size = {data['batch_size']!r} and batch_sizes = {data['batch_sizes']!r}")

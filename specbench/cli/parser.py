@@ -93,9 +93,9 @@ RUN_SETTINGS_HELP = {
     "engine": "target engine: eager (HFTarget, any transformers causal LM) or static (StaticTarget: Llama, Mistral, "
               "Qwen2 on a preallocated cache, one CUDA graph per verify width on GPUs; docs/engines.md) "
               "(default: the case's; eager in the explicit form)",
-    "batch_size": "decode N requests together through the batched engine (needs --engine static): plain and "
+    "batch_size": "decode N requests together in the static engine's N slots (needs --engine static): plain and "
                   "speculative at the same N, with throughput and batch speedup (docs/batching.md) (default: the "
-                  "case's; unset, the single-sequence loop, in the explicit form)",
+                  "case's; unset, one request at a time, in the explicit form)",
     "tensor_parallel": "shard the target over N ranks (needs --engine static, a Llama-family target whose head "
                        "counts divide by N; not with --batch-size): specbench launches the ranks itself (gloo on "
                        "the CPU, NCCL with one GPU per rank), or joins torchrun's when run under it "
@@ -205,7 +205,7 @@ def _add_sweep_command(sub) -> None:
     sweep.add_argument("--output", metavar="FILE", help="write the grid as JSON here, atomically: every point's "
                        "metrics and lossless check, and the best K per batch size")
     sweep.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
-    sweep.set_defaults(func=cmd_sweep, tensor_parallel=None)  # the batched engine is not sharded
+    sweep.set_defaults(func=cmd_sweep, tensor_parallel=None)  # batch sizes above 1 are not sharded
 
 
 def _add_baselines_command(sub) -> None:

@@ -8,7 +8,7 @@ import argparse
 from specbench.cases import OVERRIDABLE, Case, changed_name, find_case
 
 SWEEP_DESCRIPTION = """\
-Run one case at every batch size B x draft length K through the batched engine (engine static): at each point,
+Run one case at every batch size B x draft length K in the static engine's B slots (engine static): at each point,
 plain and speculative batched decoding at the same B, as `specbench run --batch-size B` runs it. Prints a row
 per point (throughput = all output tokens / wall time of the batched run, the plain throughput at the same B,
 batch speedup = their ratio, acceptance, MAL, the lossless check) and, per batch size, the K of highest

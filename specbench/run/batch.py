@@ -1,4 +1,4 @@
-"""Run a case at a batch size through the batched engine, group results into batch-size curves, and sweep K x B."""
+"""Run a case at a batch size in the static engine's B slots, group results into batch-size curves, and sweep K x B."""
 
 from __future__ import annotations
 

@@ -57,7 +57,7 @@ def run_case(case: Case, *, progress: bool = True, target=None, tokenizer=None, 
         from specbench.run.external import run_external_case
 
         return run_external_case(case, run_case, progress=progress, loaded=(target, proposer))
-    if case.batch_size is not None or case.batch_sizes is not None:  # the batched engine: docs/batching.md
+    if case.batch_size is not None or case.batch_sizes is not None:  # B slots of the static engine: docs/batching.md
         from specbench.run.batch import run_batched_case
 
         return run_batched_case(case, progress=progress, target=target, tokenizer=tokenizer, proposer=proposer)

@@ -1,5 +1,5 @@
 """What running a case is made of: its target, proposer, prompts and generation settings loaded from the case,
-one request's record, the lossless check and the run's result (used by the single-sequence and batched runners)."""
+one request's record, the lossless check and the run's result (used by the one-request, batched and tensor-parallel runners)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The case loop every single-sequence engine runs, on a loaded target and proposer: warm-up, plain and speculative
+"""The case loop of one request at a time, on a loaded target and proposer: warm-up, plain and speculative
 decoding per prompt (alternating, so drift hits both alike), repeats, step costs after each, and the run's result
 (the harness runs it in process; every rank of a tensor-parallel run runs it alike)."""
 

@@ -77,7 +77,7 @@ def speed_over_repeats(repeats: list[dict], extra: tuple[str, ...] = (), measure
     return out
 
 
-# the measured speedup a prediction is checked against: a single-sequence run's decode phase, a batch point's
+# the measured speedup a prediction is checked against: a one-request run's decode phase, a batch point's
 # throughput ratio at the same B (run/batch.py)
 MEASURED_SPEEDUPS = {"decode_speedup": "decode-phase speedup", "batch_speedup": "batch speedup"}
 
