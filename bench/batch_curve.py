@@ -22,7 +22,7 @@ from specbench.io.atomic_write import write_text_atomic  # noqa: E402
 from specbench.cli.arguments import list_argument_type  # noqa: E402
 from specbench.compile_watch import TimedWindow  # noqa: E402
 from specbench.engine.decode import Decoder, GenerationConfig  # noqa: E402
-from specbench.engine.slot_proposer import SlotProposer  # noqa: E402
+from specbench.engine.proposer import SlotProposer  # noqa: E402
 from specbench.engine.static_target import StaticTarget  # noqa: E402
 from specbench.env import environment_fingerprint  # noqa: E402
 from specbench.metrics import SpecCounters  # noqa: E402

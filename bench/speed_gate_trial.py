@@ -46,8 +46,7 @@ from specbench.io import strict_json  # noqa: E402
 from specbench.io.atomic_write import write_text_atomic  # noqa: E402
 from specbench.cases.requirements import expand_ref, missing_checkpoint, unmet_requirements  # noqa: E402
 from specbench.cases import find_case, with_overrides  # noqa: E402
-from specbench.engine.proposer import Proposer  # noqa: E402
-from specbench.engine.slot_proposer import PerSlotProposer  # noqa: E402
+from specbench.engine.proposer import Proposer, PerSlotProposer  # noqa: E402
 from specbench.gating.gates import SPEED_METRICS, compare_entry, resolve_tolerances  # noqa: E402
 from specbench.gating.regenerate import baseline_entry  # noqa: E402
 from specbench.gating.stability import metric_spread, pairwise_false_failures  # noqa: E402

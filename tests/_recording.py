@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from specbench.engine.decode import Decoder
-from specbench.engine.slot_proposer import SlotProposer
+from specbench.engine.proposer import SlotProposer
 
 
 def decode_alone_recording(target, make, prompts, config):

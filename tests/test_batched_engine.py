@@ -14,7 +14,7 @@ from _random_heads import random_heads as shared_random_heads
 from specbench.engine.decode import Decoder, GenerationConfig
 from specbench.engine.hf_target import HFTarget
 from specbench.engine.sampling import SamplingParams
-from specbench.engine.slot_proposer import PerSlotProposer
+from specbench.engine.proposer import PerSlotProposer
 from specbench.engine.static_target import StaticTarget
 from specbench.engine.step_inputs import SlotInput
 from specbench.proposers.batched import for_batch

@@ -15,7 +15,7 @@ from specbench.engine.decode import Decoder, GenerationConfig
 from specbench.engine.draft import Draft
 from specbench.engine.hf_target import HFTarget
 from specbench.engine.sampling import SamplingParams
-from specbench.engine.slot_proposer import PerSlotProposer
+from specbench.engine.proposer import PerSlotProposer
 from specbench.engine.static_target import StaticTarget
 from specbench.proposers.batched import for_batch
 from specbench.proposers.ngram import NgramProposer

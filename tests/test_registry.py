@@ -7,8 +7,7 @@ from importlib.metadata import EntryPoint
 import pytest
 
 from specbench.proposers import registry
-from specbench.engine.proposer import Proposer
-from specbench.engine.slot_proposer import SlotProposer
+from specbench.engine.proposer import Proposer, SlotProposer
 
 
 class ThirdPartyProposer(Proposer):

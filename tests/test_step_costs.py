@@ -17,8 +17,7 @@ from specbench.cases import Case
 from specbench.checkpoints.tiny import tiny_llama
 from specbench.run import step_costs
 from specbench.engine.draft import Draft
-from specbench.engine.proposer import Proposer
-from specbench.engine.slot_proposer import PerSlotProposer, SlotProposer
+from specbench.engine.proposer import Proposer, SlotProposer, PerSlotProposer
 from specbench.engine.static_target import StaticTarget
 from specbench.run.step_costs import StepCosts, measure_step_costs
 from specbench.engine.target import TargetOutput

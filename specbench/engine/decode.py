@@ -18,12 +18,11 @@ from dataclasses import dataclass, field
 
 import torch
 
-from specbench.engine.slot_proposer import PerSlotProposer, SlotProposer
+from specbench.engine.proposer import ProposerState, Proposer, SlotProposer, PerSlotProposer
 from specbench.engine.step_inputs import SlotInput, slot_input
 from specbench.engine.batch_verification import BatchVerdict, read_step, verify_batch_greedy as verify_batch
 from specbench.engine.device_verification import rejection_chain_on_device
 from specbench.engine.draft import Draft
-from specbench.engine.proposer import Proposer, ProposerState
 from specbench.engine.sampling import SamplingParams
 from specbench.engine.verification import verifies_greedily, verify
 from specbench.metrics import RequestTiming, SpecCounters
@@ -336,7 +335,7 @@ class Decoder:
     def _verify_sampled(self, slots, active, drafts, inputs, out) -> tuple[BatchVerdict, list[list[int]]]:
         """Sampling: each slot verified on its own with its own generator (rejection sampling of chains on the
         device, trees on the host); the verdict goes back in one copy."""
-        step_ids = self.target.verified_ids()  # (B, W)
+        step_ids = self.target.verified_step().ids  # (B, W)
         paths: list[list[int] | None] = [None] * len(slots)
         emitted: list[list[int]] = [[] for _ in slots]
         for b in active:

@@ -171,9 +171,6 @@ class HFTarget:
         return VerifiedStep(ids[None], tree[None], torch.tensor([ids.numel()], device=self.device),
                             tree.sum(dim=-1)[None] - 1, chain=chain)
 
-    def verified_ids(self) -> torch.Tensor:
-        return self._step[0][None]  # (1, N)
-
     def commit_accepted(self, kept: torch.Tensor, source: torch.Tensor | None, host_kept) -> None:
         """The device verdict's commit, read on the host: ``host_kept()[0]`` nodes, ``source[0]`` their indices."""
         count = host_kept()[0]

@@ -301,11 +301,6 @@ class StaticTarget:
                 if (kind, width, span) not in self._graphs:
                     self._run(kind, width, span, buffers)
 
-    def verified_ids(self) -> torch.Tensor:
-        """(B, W) on the device: the last verify's input ids (row b's first N_b are ``[root, *draft]``), valid until
-        the next verify; greedy verification reads them there instead of copying each slot's ids to the device."""
-        return self.verified_step().ids
-
     def verified_step(self) -> VerifiedStep:
         """The last verify's ids, ancestor masks, node counts and depths on the device (the counts in one async copy)."""
         if self._last_step is None:

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from specbench.engine.slot_proposer import SlotProposer, PerSlotProposer
-from specbench.engine.proposer import Proposer
+from specbench.engine.proposer import Proposer, SlotProposer, PerSlotProposer
 from specbench.proposers.ngram import NgramProposer
 
 

@@ -17,8 +17,7 @@ import torch
 
 from specbench.compile_watch import capture_seconds
 from specbench.engine.draft import Draft
-from specbench.engine.proposer import ProposerState
-from specbench.engine.slot_proposer import SlotProposer
+from specbench.engine.proposer import ProposerState, SlotProposer
 from specbench.engine.step_inputs import SlotInput
 from specbench.engine.transfers import host_to_device
 from specbench.proposers.registry import register_proposer

@@ -14,8 +14,7 @@ from specbench.eagle.draft_head import EagleHead
 from specbench.eagle.expansion import StaticTreePlan, draft_chain, draft_dynamic_tree, draft_static_tree, dynamic_pool_size
 from specbench.engine.draft import Draft
 from specbench.engine.graph_capture import GraphBackend, StepGraphs
-from specbench.engine.proposer import ProposerState
-from specbench.engine.slot_proposer import SlotProposer
+from specbench.engine.proposer import ProposerState, SlotProposer
 from specbench.medusa.trees import TreeSpec, load_tree
 from specbench.proposers.registry import register_proposer
 

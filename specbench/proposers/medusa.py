@@ -9,8 +9,7 @@ from torch import nn
 from specbench.engine.draft import Draft
 from specbench.engine.tree import TreeBuffers
 from specbench.medusa.trees import TreeSpec, load_tree
-from specbench.engine.proposer import ProposerState
-from specbench.engine.slot_proposer import SlotProposer
+from specbench.engine.proposer import ProposerState, SlotProposer
 from specbench.medusa.heads import MedusaHeads
 from specbench.proposers.registry import register_proposer
 

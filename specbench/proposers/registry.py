@@ -8,8 +8,7 @@ from importlib import import_module
 from importlib.metadata import entry_points
 from typing import TYPE_CHECKING
 
-from specbench.engine.proposer import Proposer
-from specbench.engine.slot_proposer import SlotProposer
+from specbench.engine.proposer import Proposer, SlotProposer
 
 if TYPE_CHECKING:
     from specbench.engine.target import Target

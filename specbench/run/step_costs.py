@@ -17,10 +17,9 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from specbench.engine.slot_proposer import SlotProposer
+from specbench.engine.proposer import ProposerState, SlotProposer
 from specbench.engine.step_inputs import SlotInput, slot_input
 from specbench.engine.draft import Draft
-from specbench.engine.proposer import ProposerState
 from specbench.engine.target import Target
 
 DEFAULT_REPS = 10

@@ -10,8 +10,7 @@ import torch.distributed as dist
 
 from specbench.compile_watch import capture_seconds
 from specbench.engine.draft import Draft
-from specbench.engine.proposer import Proposer, ProposerState
-from specbench.engine.slot_proposer import PerSlotProposer, SlotProposer
+from specbench.engine.proposer import ProposerState, Proposer, SlotProposer, PerSlotProposer
 from specbench.run.sequence import decode_case
 from specbench.cases.requirements import expand_ref
 from specbench.cases import Case
