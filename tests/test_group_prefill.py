@@ -93,13 +93,13 @@ def test_preparing_a_fused_prefill_refuses_slots_in_use(static):
     assert fused.cache_length(1) == PROMPTS[1].numel()
 
 
-def test_a_forward_without_a_mask_refuses_a_single_sequence_cache(static):
-    """No mask means a group prefill, which writes a batched cache: a one-sequence cache is refused by name, before
-    anything is written."""
+def test_a_cache_without_a_slot_dimension_is_refused(static):
+    """The model writes a cache of B slots ``(L, 2, B, KVH, S, D)``: one without the slot dimension is refused by its
+    shape, before anything is written."""
     layers, kv_heads, head_dim = static.module.shape.num_layers, static.module.shape.num_kv_heads, static.module.shape.head_dim
     cache = torch.zeros(layers, 2, kv_heads, 16, head_dim)  # (L, 2, KVH, S, D)
     ids = PROMPTS[0][:4]
-    with pytest.raises(ValueError, match=r"group prefill, which writes a batched cache .*has shape \(2, 2, 16, 16\)"):
+    with pytest.raises(ValueError, match=r"cache is \(layers, 2, B, kv_heads, S, head_dim\); got shape \(2, 2, 2, 16, 16\)"):
         static.module(ids, torch.arange(4), torch.arange(1), None, cache)
     assert not cache.any()
 

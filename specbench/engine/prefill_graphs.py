@@ -4,8 +4,8 @@ A batched run admits a lone prompt whenever one request ends before the others (
 once, docs/batching.md#admission), and every slot waits for that prefill. Eagerly it costs the host's
 launches, 16-25 ms on the 7B shape whatever the prompt length; replayed from a graph it costs the GPU's
 work. The prompt ``(T,)`` is padded to its bucket W (a power of two, at least ``MIN_WIDTH``), run
-causally on a scratch cache of its own ``(layers, 2, kv_heads, W, head_dim)``, and its first T entries
-are copied into the slot's cache: the padded rows only attend to earlier rows and are dropped, so each
+causally on a scratch cache of its own ``(layers, 2, 1, kv_heads, W, head_dim)``, and its first T entries
+are copied into the slot's cache row: the padded rows only attend to earlier rows and are dropped, so each
 real row's keys, values and hidden state are those of the eager prefill (up to the rounding of a wider
 matmul). One graph per bucket, captured at its first prompt (engine/graph_capture.py).
 """
@@ -34,19 +34,19 @@ class _PrefillBuffers:
 
     ids: torch.Tensor  # (W,) int64 the prompt, padded with token 0
     last: torch.Tensor  # (1,) int64 the prompt's last row: its logits are the step's output
-    positions: torch.Tensor  # (W,) 0..W-1: every prompt starts at position 0, its cache slots too
-    causal: torch.Tensor  # (W, W) bool
-    scratch: torch.Tensor  # (L, 2, KVH, W, D) the prompt's keys and values before they go to the slot
+    positions: torch.Tensor  # (W,) 0..W-1: every prompt starts at position 0
+    row: torch.Tensor  # (1,) int64 0: the scratch cache's one row
+    scratch: torch.Tensor  # (L, 2, 1, KVH, W, D) the prompt's keys and values before they go to the slot
 
     @classmethod
-    def allocate(cls, width: int, cache_view: torch.Tensor) -> "_PrefillBuffers":
-        layers, _, kv_heads, _, head_dim = cache_view.shape
-        device = cache_view.device
+    def allocate(cls, width: int, kv: torch.Tensor) -> "_PrefillBuffers":
+        layers, _, _, kv_heads, _, head_dim = kv.shape
+        device = kv.device
         return cls(ids=torch.zeros(width, dtype=torch.long, device=device),
                    last=torch.zeros(1, dtype=torch.long, device=device),
                    positions=torch.arange(width, device=device),
-                   causal=torch.ones(width, width, dtype=torch.bool, device=device).tril_(),
-                   scratch=torch.zeros(layers, 2, kv_heads, width, head_dim, dtype=cache_view.dtype, device=device))
+                   row=torch.zeros(1, dtype=torch.long, device=device),
+                   scratch=torch.zeros(layers, 2, 1, kv_heads, width, head_dim, dtype=kv.dtype, device=device))
 
 
 class CapturedPrefill:
@@ -65,56 +65,56 @@ class CapturedPrefill:
         self.graphs.drop()
         self._buffers.clear()
 
-    def prefill(self, ids: torch.Tensor, cache_view: torch.Tensor, aux_layers: tuple[int, ...]) -> TargetOutput:
-        """Prefill ``ids`` ``(T,)`` into ``cache_view`` ``(L, 2, KVH, S, D)`` entries ``[0, T)``: replayed from its bucket's
-        graph where it fits (:meth:`run`), else the eager causal forward; the last row's logits ``(1, V)``, hidden
-        states ``(T, H)`` and aux streams ``(T, A * H)``. The caller advances its cache length by T."""
+    def prefill(self, ids: torch.Tensor, kv: torch.Tensor, slot: int, aux_layers: tuple[int, ...]) -> TargetOutput:
+        """Prefill ``ids`` ``(T,)`` into row ``slot`` of ``kv`` ``(L, 2, B, KVH, S, D)``, entries ``[0, T)``: replayed from
+        its bucket's graph where it fits (:meth:`run`), else the eager causal forward; the last row's logits ``(1, V)``,
+        hidden states ``(T, H)`` and aux streams ``(T, A * H)``. The caller advances the slot's length by T."""
         length = ids.numel()
-        if self.fits(length, cache_view.shape[3]):  # CUDA: a replay, not ~1,000 launches
-            return self.run(ids, cache_view, aux_layers)
+        if self.fits(length, kv.shape[4]):  # CUDA: a replay, not ~1,000 launches
+            return self.run(ids, kv, slot, aux_layers)
         positions = torch.arange(length, device=ids.device)  # (T,)
-        causal = torch.ones(length, length, dtype=torch.bool, device=ids.device).tril_()  # (T, T) over entries [0, T)
-        hidden, aux = self.module(ids, positions, positions, causal, cache_view, aux_layers=aux_layers)  # (T, H), ...
+        row = torch.tensor([slot], device=ids.device)  # (1,)
+        hidden, aux = self.module(ids, positions, row, None, kv, aux_layers=aux_layers)  # (T, H), (T, A * H) or None
         return TargetOutput(logits=self.module.logits(hidden[-1:]), hidden_states=hidden, aux_hidden_states=aux)
 
-    def prepare(self, lengths, cache_view: torch.Tensor, aux_layers: tuple[int, ...]) -> None:
-        """Capture the graph of every bucket ``lengths`` need that fits ``cache_view`` ``(L, 2, KVH, S, D)`` and is not
+    def prepare(self, lengths, kv: torch.Tensor, aux_layers: tuple[int, ...]) -> None:
+        """Capture the graph of every bucket ``lengths`` need that fits ``kv`` ``(L, 2, B, KVH, S, D)`` and is not
         captured yet, on the scratch caches only (no slot is written), so that no capture lands in a timed run."""
-        capacity = cache_view.shape[3]
+        capacity = kv.shape[4]
         for width in sorted({bucket(n) for n in lengths if self.fits(n, capacity)}):
             if ("prefill", width) in self.graphs and width in self._buffers:
                 continue
-            buffers = self._buffers_for(width, cache_view)
+            buffers = self._buffers_for(width, kv)
             buffers.ids.zero_()
             buffers.last.zero_()
             self.graphs.run(("prefill", width), buffers, partial(_forward, self.module, aux_layers))
 
-    def run(self, ids: torch.Tensor, cache_view: torch.Tensor, aux_layers: tuple[int, ...]) -> TargetOutput:
-        """Prefill ``ids`` ``(T,)`` into ``cache_view`` ``(L, 2, KVH, S, D)`` entries ``[0, T)``; returns the last row's
+    def run(self, ids: torch.Tensor, kv: torch.Tensor, slot: int, aux_layers: tuple[int, ...]) -> TargetOutput:
+        """Prefill ``ids`` ``(T,)`` into row ``slot`` of ``kv`` ``(L, 2, B, KVH, S, D)``, entries ``[0, T)``; returns the last row's
         logits ``(1, V)``, hidden states ``(T, H)`` and aux streams ``(T, A * H)`` (copies: the next replay
         overwrites the graph's outputs)."""
         length = ids.numel()
         width = bucket(length)
-        buffers = self._buffers_for(width, cache_view)
+        buffers = self._buffers_for(width, kv)
         buffers.ids.zero_()
         buffers.ids[:length].copy_(ids)
         buffers.last.fill_(length - 1)
         forward = partial(_forward, self.module, aux_layers)  # no __self__: a stand-in graph replays it as is
         logits, hidden, aux = self.graphs.run(("prefill", width), buffers, forward)
-        cache_view[:, :, :, :length].copy_(buffers.scratch[:, :, :, :length])  # (L, 2, KVH, T, D)
+        kv[:, :, slot, :, :length].copy_(buffers.scratch[:, :, 0, :, :length])  # (L, 2, KVH, T, D)
         return TargetOutput(logits=logits.clone(), hidden_states=hidden[:length].clone(),
                             aux_hidden_states=None if aux is None else aux[:length].clone())
 
 
-    def _buffers_for(self, width: int, cache_view: torch.Tensor) -> _PrefillBuffers:
+    def _buffers_for(self, width: int, kv: torch.Tensor) -> _PrefillBuffers:
         """The bucket's static inputs and scratch cache, allocated at its first prompt."""
         if width not in self._buffers:
-            self._buffers[width] = _PrefillBuffers.allocate(width, cache_view)
+            self._buffers[width] = _PrefillBuffers.allocate(width, kv)
         return self._buffers[width]
 
 
 def _forward(module, aux_layers: tuple[int, ...], buffers: _PrefillBuffers) -> tuple:
     """The captured region: the padded prompt on the scratch cache, then the last real row's logits."""
-    hidden, aux = module(buffers.ids, buffers.positions, buffers.positions, buffers.causal, buffers.scratch,
-                         aux_layers=aux_layers)  # (W, H), (W, A * H) or None
+    hidden, aux = module(buffers.ids, buffers.positions, buffers.row, None, buffers.scratch,
+                         aux_layers=aux_layers)  # (W, H), (W, A * H) or None: causal among the prompt's rows
     return module.logits(hidden.index_select(0, buffers.last)), hidden, aux  # (1, V), (W, H), (W, A * H)

@@ -66,8 +66,7 @@ class StaticKVCache:
     """Keys and values ``(layers, 2, B, kv_heads, capacity, head_dim)``; slot b's live entries are ``[0, lengths[b])``.
 
     ``lengths`` ``(B,)`` lives on the device (the hot path reads it); ``host_lengths`` mirrors it, advanced
-    by the same host-known amounts, so nothing reads it back. Slot b's view ``kv[:, :, b]`` ``(layers, 2, kv_heads,
-    capacity, head_dim)`` is what one prompt's prefill (engine/prefill_graphs.py) writes.
+    by the same host-known amounts, so nothing reads it back.
     """
 
     def __init__(self, batch_size: int, num_layers: int, num_kv_heads: int, capacity: int, head_dim: int, *, dtype, device):
@@ -85,10 +84,6 @@ class StaticKVCache:
     @property
     def capacity(self) -> int:
         return self.kv.shape[4]
-
-    def slot_view(self, slot: int) -> torch.Tensor:
-        """(L, 2, KVH, S, D) slot ``slot``'s cache, a view: one prompt's prefill writes it in place."""
-        return self.kv[:, :, slot]
 
     def reset_slot(self, slot: int) -> None:
         self.lengths[slot] = 0

@@ -167,35 +167,13 @@ class Attention(PartialSumOutput, nn.Module):
     def fuse(self) -> None:
         self.qkv.fuse(self.q_proj, self.k_proj, self.v_proj)
 
-    def forward(self, x, cos, sin, kv: torch.Tensor, slots: torch.Tensor, bias: torch.Tensor, ops: StepOps) -> torch.Tensor:
-        """``x`` (W, H) normed input; ``kv`` (2, KVH, S, D) this layer's cache; ``slots`` (W,) where the new keys go;
-        ``bias`` (W, K) the additive attention bias over the first K cache slots (0 = attend, -inf = not).
-        A batched cache ``kv`` (2, B, KVH, S, D) takes the batched branch (:meth:`forward_batched`); ``bias`` None
-        is a group prefill into it (:meth:`prefill_rows`)."""
-        if bias is None:
-            if kv.dim() != 5:
-                raise ValueError("a forward without an attention mask is a group prefill, which writes a batched cache "
-                                 f"(2, B, KVH, S, D); this layer's cache has shape {tuple(kv.shape)}")
-            return self.prefill_rows(x, cos, sin, kv, slots, ops)
-        if kv.dim() == 5:
-            return self.forward_batched(x, cos, sin, kv, slots, bias, ops)
-        width, nh, kvh = x.shape[0], self.num_heads, self.num_kv_heads
-        qkv = ops.linear(x, self.qkv.weight, self.qkv.bias)  # (W, (NH + 2 KVH) * D)
-        q, kv_new = ops.rope_qkv(qkv, cos, sin, nh, kvh)  # (1, NH, W, D), (2, KVH, W, D)
-        kv.index_copy_(2, slots, kv_new)  # written before attending: each node sees itself
-        keys_len = bias.shape[-1]
-        keys = kv[0, :, :keys_len][None]  # (1, KVH, K, D)
-        values = kv[1, :, :keys_len][None]  # (1, KVH, K, D)
-        # enable_gqa only when the head counts differ: it rules out the fused memory-efficient kernel, and
-        # the math fallback is half a dozen kernels per layer
-        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=bias, enable_gqa=kvh != nh)  # (1, NH, W, D)
-        o = self.o_proj
-        return self.reduced(ops.linear(out[0].transpose(0, 1).reshape(width, nh * self.head_dim), o.weight, o.bias))  # (W, H)
-
-    def forward_batched(self, x, cos, sin, kv: torch.Tensor, slots: torch.Tensor, bias: torch.Tensor, ops: StepOps) -> torch.Tensor:
-        """B sequences of W nodes each, flattened: ``x`` (B * W, H); ``kv`` (2, B, KVH, S, D) this layer's batched
+    def forward(self, x, cos, sin, kv: torch.Tensor, slots: torch.Tensor, bias: torch.Tensor | None, ops: StepOps) -> torch.Tensor:
+        """B sequences of W nodes each, flattened: ``x`` (B * W, H) normed input; ``kv`` (2, B, KVH, S, D) this layer's
         cache; ``slots`` (B, W) where each sequence's new keys go in its own cache row; ``bias`` (B, W, K) each
-        sequence's additive attention bias over its first K slots (docs/batching.md)."""
+        sequence's additive attention bias over its first K entries (0 = attend, -inf = not; docs/batching.md).
+        ``bias`` None is a prefill of whole prompts into their rows (:meth:`prefill_rows`, ``slots`` (n,) the rows)."""
+        if bias is None:
+            return self.prefill_rows(x, cos, sin, kv, slots, ops)
         batch, width = slots.shape
         nh, kvh, d = self.num_heads, self.num_kv_heads, self.head_dim
         qkv = ops.linear(x, self.qkv.weight, self.qkv.bias)  # (B * W, (NH + 2 KVH) * D)
@@ -205,6 +183,8 @@ class Attention(PartialSumOutput, nn.Module):
         kv[:, rows, :, slots] = kv_new.view(2, kvh, batch, width, d).permute(2, 3, 0, 1, 4)  # (B, W, 2, KVH, D)
         keys_len = bias.shape[-1]
         keys, values = kv[0, :, :, :keys_len], kv[1, :, :, :keys_len]  # (B, KVH, K, D) each
+        # enable_gqa only when the head counts differ: it rules out the fused memory-efficient kernel, and
+        # the math fallback is half a dozen kernels per layer
         out = F.scaled_dot_product_attention(q, keys, values, attn_mask=bias[:, None], enable_gqa=kvh != nh)  # (B, NH, W, D)
         o = self.o_proj
         return self.reduced(ops.linear(out.transpose(1, 2).reshape(batch * width, nh * d), o.weight, o.bias))  # (B * W, H)
@@ -297,7 +277,7 @@ class LlamaBody(nn.Module):
 
 
 class StaticLlamaForCausalLM(nn.Module):
-    """The decoder and lm_head; the caller owns the KV cache ``(layers, 2, kv_heads, S, head_dim)``."""
+    """The decoder and lm_head; the caller owns the KV cache ``(layers, 2, B, kv_heads, S, head_dim)``."""
 
     def __init__(self, shape: LlamaShape):
         super().__init__()
@@ -310,27 +290,27 @@ class StaticLlamaForCausalLM(nn.Module):
 
     def forward(self, ids, positions, slots, mask, cache: torch.Tensor, ops: StepOps = EAGER_OPS,
                 aux_layers: tuple[int, ...] = ()) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Final-normed hidden states ``(W, H)`` of ``ids`` ``(W,)`` at ``positions`` ``(W,)``; their K/V
-        go to cache ``slots`` ``(W,)``; ``mask`` ``(W, K)`` bool says which of the first K slots each attends to.
-        ``ops`` runs the pointwise stages (:mod:`specbench.engine.static_ops`), fused or not. Also returns the
-        residual streams entering ``aux_layers``, concatenated ``(W, len(aux_layers) * H)`` (None without).
-        Batched (docs/batching.md): ``cache`` ``(layers, 2, B, kv_heads, S, head_dim)``, ``slots`` ``(B, W)``, ``mask``
-        ``(B, W, K)``, and ``ids``, ``positions`` and the outputs flattened to ``B * W`` rows. A group prefill
-        (engine/group_prefill.py) passes the batched cache, ``slots`` ``(n,)`` the rows its n padded prompts fill
-        and ``mask`` None (:meth:`Attention.prefill_rows`)."""
-        x = self.model.embed_tokens(ids)  # (W, H)
-        cos, sin = ops.rotary_tables(self.inv_freq, positions, x.dtype)  # (W, D) each
-        bias = None if mask is None else ops.attention_bias(mask, x.dtype)  # (W, K)
+        """Final-normed hidden states ``(N, H)`` of ``ids`` ``(N,)`` at ``positions`` ``(N,)``, N = B * W: B sequences of
+        W nodes flattened; their K/V go to ``cache`` ``(layers, 2, B, kv_heads, S, head_dim)`` at ``slots`` ``(B, W)``;
+        ``mask`` ``(B, W, K)`` bool says which of its row's first K entries each node attends to. ``mask`` None is a
+        prefill of n whole prompts padded to W into the cache rows ``slots`` ``(n,)``, causally among themselves
+        (:meth:`Attention.prefill_rows`). ``ops`` runs the pointwise stages (:mod:`specbench.engine.static_ops`),
+        fused or not. Also returns the residual streams entering ``aux_layers``, concatenated ``(N, A * H)``."""
+        if cache.dim() != 6:
+            raise ValueError(f"the static model's cache is (layers, 2, B, kv_heads, S, head_dim); got shape {tuple(cache.shape)}")
+        x = self.model.embed_tokens(ids)  # (N, H)
+        cos, sin = ops.rotary_tables(self.inv_freq, positions, x.dtype)  # (N, D) each
+        bias = None if mask is None else ops.attention_bias(mask, x.dtype)  # (B, W, K)
         layers = self.model.layers
         first = layers[0].input_layernorm
-        normed = ops.rms_norm(x, first.weight, first.eps)  # (W, H)
+        normed = ops.rms_norm(x, first.weight, first.eps)  # (N, H)
         next_norms = [layer.input_layernorm for layer in layers[1:]] + [self.model.norm]
         aux = {}
-        for index, (layer, next_norm, kv) in enumerate(zip(layers, next_norms, cache)):  # kv: (2, KVH, S, D)
+        for index, (layer, next_norm, kv) in enumerate(zip(layers, next_norms, cache)):  # kv: (2, B, KVH, S, D)
             if index in aux_layers:
-                aux[index] = x  # (W, H) what enters layer `index`
+                aux[index] = x  # (N, H) what enters layer `index`
             x, normed = layer(x, normed, next_norm, cos, sin, kv, slots, bias, ops)
-        return normed, (torch.cat([aux[i] for i in aux_layers], dim=-1) if aux_layers else None)  # (W, H), (W, A * H)
+        return normed, (torch.cat([aux[i] for i in aux_layers], dim=-1) if aux_layers else None)  # (N, H), (N, A * H)
 
     def logits(self, hidden: torch.Tensor, ops: StepOps = EAGER_OPS) -> torch.Tensor:
         return ops.linear(hidden, self.lm_head.weight, None).float()  # (W, V)

@@ -156,7 +156,7 @@ class StaticTarget:
         a fused group prefill (the first time), before anything is timed; a no-op without either, or once done."""
         if self._cache is None:
             raise ValueError("prepare_prefills before reserve(): size the batched cache first")
-        self.prefill_graphs.prepare(lengths, self._cache.slot_view(0), self.aux_layers)
+        self.prefill_graphs.prepare(lengths, self._cache.kv, self.aux_layers)
         if not self._fused_prepared:
             self._fused_prepared = prepare_fused(self.module, self._cache, self._prefill_ops, lengths,
                                                  self.prefill_token_budget, self.aux_layers)
@@ -189,7 +189,7 @@ class StaticTarget:
         ids = self._prefill_ids(input_ids)  # (T,)
         length = ids.numel()
         self._cache.reset_slot(slot)
-        out = self.prefill_graphs.prefill(ids, self._cache.slot_view(slot), self.aux_layers)  # graph or eager
+        out = self.prefill_graphs.prefill(ids, self._cache.kv, slot, self.aux_layers)  # graph or eager
         self._cache.advance_slot(slot, length)
         return out
 
