@@ -135,7 +135,8 @@ class EagleDecoderLayer(nn.Module):
         return True
 
     def forward(self, x, cos, sin, kv, slots, bias) -> torch.Tensor:
-        """``x`` (W, H) the fc output; ``kv`` (2, KVH, S, D); ``bias`` (W, K) over the first K slots."""
+        """``x`` (N, H) the fc output of B slots' W rows each; ``kv`` (2, B, KVH, S, D); ``bias`` (B, W, K) over each
+        slot's first K entries."""
         attn = self.self_attn(x, cos, sin, kv, slots, bias, EAGER_OPS)  # (W, H)
         post = self.post_attention_layernorm
         h, normed = EAGER_OPS.add_rms_norm(x, attn, post.weight, post.eps)  # (W, H) each
@@ -201,15 +202,15 @@ class EagleHead(nn.Module):
         ``block_mask`` ``(W, cache.length + W - visible)`` bool, to the slots from ``visible`` on, the new
         ones included (default, only when ``visible`` is the cache length: causal among the new rows).
         """
-        if not self.layer.fused_current():
-            self.prepare()
         width, start, device = embeds.shape[0], cache.length, embeds.device
         mask = draft_attention_mask(width, start, visible, block_mask, device)  # (W, start + W)
         cache.reserve(start + width)
         slots = torch.arange(start, start + width, device=device)  # (W,)
-        hidden = self.step(embeds, features, positions.to(device), slots, mask, cache.kv)  # (W, H)
+        # one slot of the B-slot form: the cache (2, KVH, S, D) viewed as (2, 1, KVH, S, D), written through
+        hidden = self.step_batched(embeds[None], features[None], positions.to(device)[None], slots[None], mask[None],
+                                   cache.kv[:, None])  # (1, W, H)
         cache.length = start + width
-        return hidden
+        return hidden[0]
 
     @property
     def layer(self) -> EagleDecoderLayer:
@@ -232,10 +233,10 @@ class EagleHead(nn.Module):
         return hidden.view(batch, width, -1)
 
     def step(self, embeds, features, positions, slots, mask, kv) -> torch.Tensor:
-        """The forward's shape-stable core: ``W`` rows ``(W, H)`` written at cache slots ``slots`` ``(W,)`` of ``kv``
-        ``(2, KVH, S, D)``, attending through ``mask`` ``(W, K)`` bool over the first K slots, at rotary
-        ``positions`` ``(W,)``; only device tensors, no host reads (the region a CUDA graph captures,
-        eagle/captured.py)."""
+        """The forward's shape-stable core: B slots' ``N = B * W`` rows ``(N, H)`` written at ``slots`` ``(B, W)`` of
+        their rows of ``kv`` ``(2, B, KVH, S, D)``, attending through ``mask`` ``(B, W, K)`` bool over each slot's
+        first K entries, at rotary ``positions`` ``(N,)``; only device tensors, no host reads (the region a CUDA graph
+        captures, eagle/captured.py)."""
         x = self.fc(torch.cat([embeds, features.to(embeds.dtype)], dim=-1))  # (W, H): embedding first, as cnets1
         cos, sin = rotary_tables(self.inv_freq, positions, x.dtype)  # (W, D) each
         return self.layer(x, cos, sin, kv, slots, attention_bias(mask, x.dtype))  # (W, H)
