@@ -136,15 +136,13 @@ class HFTarget:
         if len(inputs) != 1 or inputs[0] is None:
             raise ValueError(f"HFTarget verifies one live slot, got {len(inputs)} inputs")
         x = inputs[0]
-        ids = x.ids if torch.is_tensor(x.ids) else host_to_device(x.ids, self.device)
-        if x.tail is not None:
-            ids = torch.cat([ids.to(self.device), x.tail.to(self.device)])
-        ids = ids.to(self.device).flatten()  # (N,)
-        depths = x.depths if torch.is_tensor(x.depths) else torch.tensor(x.depths)
+        on_device = lambda t: (t if torch.is_tensor(t) else host_to_device(t, self.device)).to(self.device)  # noqa: E731
+        ids = on_device(x.ids).flatten() if x.tail is None else torch.cat([on_device(x.ids), on_device(x.tail)])  # (N,)
+        depths = on_device(x.depths).flatten()  # (N,)
         n, past = ids.numel(), self.cache_length
         tree = x.tree_mask.to(self.device) if x.tree_mask is not None else torch.ones(
             n, n, dtype=torch.bool, device=self.device).tril_()  # (N, N) a chain: causal among the new tokens
-        self._step = (ids, tree, x.tree_mask is None)
+        self._step = (ids, tree, depths, x.tree_mask is None)
         # an explicit 4D mask is used as given by every transformers 5 attention path, so chains and
         # trees take the same route whatever the library's own causal-mask logic does
         allowed = torch.ones(n, past + n, dtype=torch.bool, device=self.device)  # (N, past + N)
@@ -156,7 +154,7 @@ class HFTarget:
             extra["cache_position"] = torch.arange(past, past + n, device=self.device)  # (N,) slots written
         with self._attention_backends():
             out = self.decoder(
-                input_ids=ids.view(1, n), position_ids=(past + depths.to(self.device)).view(1, n),
+                input_ids=ids.view(1, n), position_ids=(past + depths).view(1, n),
                 attention_mask=attention_mask, use_cache=True, output_hidden_states=bool(self.aux_layers), **extra
             )
         hidden = out.last_hidden_state[0]  # (N, H)
@@ -167,9 +165,9 @@ class HFTarget:
     def verified_step(self) -> VerifiedStep:
         """The last verify's ids ``(1, N)``, ancestor mask ``(1, N, N)``, count and depths, as greedy verification
         reads them on the device."""
-        ids, tree, chain = self._step
-        return VerifiedStep(ids[None], tree[None], torch.tensor([ids.numel()], device=self.device),
-                            tree.sum(dim=-1)[None] - 1, chain=chain)
+        ids, tree, depths, chain = self._step
+        return VerifiedStep(ids[None], tree[None], torch.tensor([ids.numel()], device=self.device), depths[None],
+                            chain=chain)
 
     def commit_accepted(self, kept: torch.Tensor, source: torch.Tensor | None, host_kept) -> None:
         """The device verdict's commit, read on the host: ``host_kept()[0]`` nodes, ``source[0]`` their indices."""
