@@ -7,6 +7,7 @@
 #
 #   git archive --format=tar BASE -- . ':!specbench/zoo/artifacts' ':!bench/results' | gzip > .ab/BASE.tar.gz
 #   bash bench/ab_engine_trees.sh $OUT .ab/BASE.tar.gz [SECONDS]      (carry .ab; default 560 s)
+#   AB_RUNS="curve_base curve_head_2" bash bench/ab_engine_trees.sh ...  (only these runs, in this order)
 #
 # Writes OUT/<run>/ (each run's JSON) and OUT/<run>.log, then prints the comparison (bench/ab_engine_summary.py).
 set -u
@@ -35,12 +36,14 @@ run() {  # NAME base|head SCRIPT ARG...: SCRIPT (a bench/ path, the same in both
 
 speed=(bench/speed_7b.py --engines static --skip-compile)
 curve=(bench/batch_curve.py --batch-sizes 1,8,32 --rounds 1 --new-tokens 64 --repeats 3 --synth-dir "$synth7")
-run speed_1b_base_1 base "${speed[@]}" "$synth1"
-run speed_1b_head_1 head "${speed[@]}" "$synth1"
-run speed_1b_base_2 base "${speed[@]}" "$synth1"
-run speed_1b_head_2 head "${speed[@]}" "$synth1"
-run speed_7b_base base "${speed[@]}" "$synth7"
-run speed_7b_head head "${speed[@]}" "$synth7"
-run curve_head head "${curve[@]}"
-run curve_base base "${curve[@]}"
+runs=${AB_RUNS:-speed_1b_base_1 speed_1b_head_1 speed_1b_base_2 speed_1b_head_2 speed_7b_base speed_7b_head curve_head curve_base}
+for name in $runs; do  # NAME = speed_1b|speed_7b|curve, then _base or _head, then an optional _N
+    tree=base; [[ $name == *_head* ]] && tree=head
+    case $name in
+        speed_1b_*) run "$name" $tree "${speed[@]}" "$synth1" ;;
+        speed_7b_*) run "$name" $tree "${speed[@]}" "$synth7" ;;
+        curve_*) run "$name" $tree "${curve[@]}" ;;
+        *) echo "$name: not a run (speed_1b_..., speed_7b_... or curve_...)" ;;
+    esac
+done
 python3 bench/ab_engine_summary.py "$out" | tee "$out/summary.txt"
