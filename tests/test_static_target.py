@@ -344,7 +344,7 @@ def test_context_overflow_names_the_lengths():
     target = StaticTarget.from_hf_model(build("llama"), max_context=16)  # nothing runs before reserve() sizes it
     with pytest.raises(ValueError, match=r"^prefill before reserve\(\): size the batched cache first$"):
         target.prefill(0, random_prompt(13, 1))
-    with pytest.raises(ValueError, match=r"^verify before reserve\(\) and prefill\(\); size the cache"):
+    with pytest.raises(ValueError, match=r"^verify before reserve\(\): size the batched cache first$"):
         target.verify([chain(random_prompt(4, 2))])
     assert target.cache_capacity == 0 and target.cache_length(0) == 0
     with pytest.raises(ValueError, match=r"^context length exceeded: 17 tokens requested > the target's max context 16$"):

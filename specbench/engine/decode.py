@@ -224,10 +224,7 @@ class Decoder:
             self._step(slots, active)  # ends with the step's readback: the device is done with it
             self.stats.step_s += time.perf_counter() - started
             for b in active:
-                if slots[b].finished:
-                    results[slots[b].request] = self._finish(slots[b], b, run_start)
-                    slots[b] = None
-                    self.target.release(b)
+                self._retire(slots, b, results, run_start)
         return results
 
     def _refill(self, slots, used, queue, prompts, seeds, results, run_start) -> None:
@@ -246,10 +243,14 @@ class Decoder:
             admitted = self._admit(free, indices, [prompts[i] for i in indices], seeds_of)
             for b, state in zip(free, admitted):
                 slots[b] = state
-                if state.finished:
-                    results[state.request] = self._finish(state, b, run_start)
-                    slots[b] = None
-                    self.target.release(b)
+                self._retire(slots, b, results, run_start)
+
+    def _retire(self, slots, b: int, results, run_start: float) -> None:
+        """Slot ``b``'s request, if it ended: its result recorded, the slot freed."""
+        if slots[b].finished:
+            results[slots[b].request] = self._finish(slots[b], b, run_start)
+            slots[b] = None
+            self.target.release(b)
 
     def _admit(self, free: list[int], indices: list[int], prompts: list[torch.Tensor], seeds: list[int]) -> list[_Slot]:
         """Prefill ``prompts`` into slots ``free`` in one group and take each one's first token: each
@@ -294,7 +295,7 @@ class Decoder:
         drafts = self._propose(slots, active)
         inputs: list[SlotInput | None] = [None] * len(slots)
         for b in active:
-            inputs[b] = self._input(slots[b].emitted[-1], drafts[b])
+            inputs[b] = slot_input(slots[b].emitted[-1], drafts[b], self.target.device, self._host_depths)
         out = self.target.verify(inputs)  # logits (B, W, V), hidden (B, W, H)
         self._history.ensure(max(slots[b].length for b in active) + out.logits.shape[1])  # no row clamps a write
         unknown = [b for b in active if drafts[b].precomputed_depth is None]  # trees drafted anew (EAGLE-2)
@@ -318,9 +319,6 @@ class Decoder:
         tokens = emitted()
         for b in active:
             self.stats.step_tokens += self._record(slots[b], drafts[b], tokens[b])
-
-    def _input(self, root: int, draft: Draft) -> SlotInput:
-        return slot_input(root, draft, self.target.device, self._host_depths)
 
     def _host_depths(self, depths: torch.Tensor) -> list[int]:
         """A tree's depths ``(N + 1,)`` as a host list, read once per depths tensor: a static tree (Medusa) hands

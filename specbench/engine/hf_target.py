@@ -46,7 +46,8 @@ class HFTarget:
         self.lm_head = model.get_output_embeddings()
         if self.lm_head is None:
             raise ValueError(f"{type(model).__name__} has no output embeddings (lm_head); a causal LM is required")
-        self.vocab_size = int(self.lm_head.weight.shape[0])
+        self.vocab_size, self.hidden_size = map(int, self.lm_head.weight.shape)  # (V, H)
+        self.embed_tokens = model.get_input_embeddings()
         self.max_context = int(max_context or getattr(self.config, "max_position_embeddings", 2048))
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
@@ -57,13 +58,16 @@ class HFTarget:
         self._takes_cache_position = "cache_position" in inspect.signature(self.decoder.forward).parameters
         self.aux_layers: tuple[int, ...] = ()  # set_aux_layers: residual streams to return beside the final ones
 
+    @property
+    def num_layers(self) -> int:
+        return self.config.num_hidden_layers
+
     def set_aux_layers(self, layers: tuple[int, ...]) -> None:
         """Also return the residual streams entering ``layers`` (``TargetOutput.aux_hidden_states``)."""
         layers = tuple(int(i) for i in layers)
-        count = self.config.num_hidden_layers
-        bad = [i for i in layers if not 0 <= i < count]
+        bad = [i for i in layers if not 0 <= i < self.num_layers]
         if bad:
-            raise ValueError(f"aux layers {bad} out of range: the target has {count} layers")
+            raise ValueError(f"aux layers {bad} out of range: the target has {self.num_layers} layers")
         self.aux_layers = layers
 
     def _aux(self, out) -> torch.Tensor | None:

@@ -65,18 +65,6 @@ class CapturedPrefill:
         self.graphs.drop()
         self._buffers.clear()
 
-    def prefill(self, ids: torch.Tensor, kv: torch.Tensor, slot: int, aux_layers: tuple[int, ...]) -> TargetOutput:
-        """Prefill ``ids`` ``(T,)`` into row ``slot`` of ``kv`` ``(L, 2, B, KVH, S, D)``, entries ``[0, T)``: replayed from
-        its bucket's graph where it fits (:meth:`run`), else the eager causal forward; the last row's logits ``(1, V)``,
-        hidden states ``(T, H)`` and aux streams ``(T, A * H)``. The caller advances the slot's length by T."""
-        length = ids.numel()
-        if self.fits(length, kv.shape[4]):  # CUDA: a replay, not ~1,000 launches
-            return self.run(ids, kv, slot, aux_layers)
-        positions = torch.arange(length, device=ids.device)  # (T,)
-        row = torch.tensor([slot], device=ids.device)  # (1,)
-        hidden, aux = self.module(ids, positions, row, None, kv, aux_layers=aux_layers)  # (T, H), (T, A * H) or None
-        return TargetOutput(logits=self.module.logits(hidden[-1:]), hidden_states=hidden, aux_hidden_states=aux)
-
     def prepare(self, lengths, kv: torch.Tensor, aux_layers: tuple[int, ...]) -> None:
         """Capture the graph of every bucket ``lengths`` need that fits ``kv`` ``(L, 2, B, KVH, S, D)`` and is not
         captured yet, on the scratch caches only (no slot is written), so that no capture lands in a timed run."""
@@ -92,7 +80,7 @@ class CapturedPrefill:
     def run(self, ids: torch.Tensor, kv: torch.Tensor, slot: int, aux_layers: tuple[int, ...]) -> TargetOutput:
         """Prefill ``ids`` ``(T,)`` into row ``slot`` of ``kv`` ``(L, 2, B, KVH, S, D)``, entries ``[0, T)``; returns the last row's
         logits ``(1, V)``, hidden states ``(T, H)`` and aux streams ``(T, A * H)`` (copies: the next replay
-        overwrites the graph's outputs)."""
+        overwrites the graph's outputs). The caller resets the slot first and advances its length by T after."""
         length = ids.numel()
         width = bucket(length)
         buffers = self._buffers_for(width, kv)

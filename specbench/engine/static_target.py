@@ -50,8 +50,8 @@ class StaticTarget:
                 f"is {max_context}. Pass max_context <= {window}, or {EAGER_HINT}"
             )
         self.module, self.config, self.batch_size = module, config, batch_size
-        self.lm_head = module.lm_head
-        self.vocab_size = shape.vocab_size
+        self.lm_head, self.embed_tokens = module.lm_head, module.model.embed_tokens
+        self.vocab_size, self.hidden_size, self.num_layers = shape.vocab_size, shape.hidden_size, shape.num_layers
         default = shape.max_position_embeddings if window is None else min(shape.max_position_embeddings, window)
         self.max_context = int(max_context or default)
         param = next(module.parameters())
@@ -68,10 +68,10 @@ class StaticTarget:
         self._ops = ops if ops is not None else (
             compiled_ops(autotune_gemv=self.device.type == "cuda") if compile else EAGER_OPS)
         self.compiled = self._ops.compiled
-        # one CUDA graph per (kind, width, span) at this B, all in one memory pool; eager on the CPU, with
-        # cuda_graphs=False, or through ``graph_backend`` (a test's stand-in) where one is given
-        self._graphs = StepGraphs.for_device(self.device, cuda_graphs, graph_backend)
-        self.cuda_graphs = self._graphs.enabled
+        # the step graphs: one per (kind, width, span) at this B (``captured``, ``captures``, ``replays`` by key), all
+        # in one memory pool; eager on the CPU, with cuda_graphs=False, or through ``graph_backend`` (a test's stand-in)
+        self.graphs = StepGraphs.for_device(self.device, cuda_graphs, graph_backend)
+        self.cuda_graphs = self.graphs.enabled
         self.aux_layers: tuple[int, ...] = ()
         self.prefill_token_budget = DEFAULT_TOKEN_BUDGET  # padded tokens per group-prefill forward (prefill_many)
         # a group prefill's stages: eager, or fused in compile caches of their own (engine/group_prefill.py)
@@ -84,12 +84,7 @@ class StaticTarget:
     @property
     def capture_seconds(self) -> float:
         """Warm-up + capture time of the step graphs and the prefill graphs, reported apart from decoding speed."""
-        return self._graphs.capture_seconds + self.prefill_graphs.graphs.capture_seconds
-
-    @property
-    def graphs(self) -> StepGraphs:
-        """The step graphs: ``captured`` by (kind, width, span), ``captures`` and ``replays`` per key."""
-        return self._graphs
+        return self.graphs.capture_seconds + self.prefill_graphs.graphs.capture_seconds
 
     @classmethod
     def from_hf_model(cls, model, max_context: int | None = None, **options) -> "StaticTarget":
@@ -115,11 +110,11 @@ class StaticTarget:
     def set_aux_layers(self, layers: tuple[int, ...]) -> None:
         """Also return the residual streams entering ``layers`` (EAGLE-3's features, ``TargetOutput.aux_hidden_states``)."""
         layers = tuple(int(i) for i in layers)
-        bad = [i for i in layers if not 0 <= i < self.module.shape.num_layers]
+        bad = [i for i in layers if not 0 <= i < self.num_layers]
         if bad:
-            raise ValueError(f"aux layers {bad} out of range: the target has {self.module.shape.num_layers} layers")
+            raise ValueError(f"aux layers {bad} out of range: the target has {self.num_layers} layers")
         self.aux_layers = layers
-        self._graphs.drop()  # their outputs change
+        self.graphs.drop()  # their outputs change
         self.prefill_graphs.drop()
         for buffers in self._buffers.values():
             buffers.outputs = None  # the aux output's width changed
@@ -143,7 +138,7 @@ class StaticTarget:
         if self._cache is None or self._cache.capacity < num_tokens:
             s = self.module.shape
             check_cache_fits(self.batch_size, s.num_layers, s.num_kv_heads, num_tokens, s.head_dim, self.dtype, self.device)
-            self._graphs.drop()  # graphs read the old cache's addresses
+            self.graphs.drop()  # graphs read the old cache's addresses
             self._cache = None  # free the old cache before allocating its successor
             self._cache = StaticKVCache(self.batch_size, s.num_layers, s.num_kv_heads, num_tokens, s.head_dim,
                                          dtype=self.dtype, device=self.device)
@@ -154,8 +149,7 @@ class StaticTarget:
     def prepare_prefills(self, lengths) -> None:
         """Capture the one-prompt prefill graphs prompts of these ``lengths`` will replay (CUDA graphs on) and compile
         a fused group prefill (the first time), before anything is timed; a no-op without either, or once done."""
-        if self._cache is None:
-            raise ValueError("prepare_prefills before reserve(): size the batched cache first")
+        self._check_ready("prepare_prefills")
         self.prefill_graphs.prepare(lengths, self._cache.kv, self.aux_layers)
         if not self._fused_prepared:
             self._fused_prepared = prepare_fused(self.module, self._cache, self._prefill_ops, lengths,
@@ -170,8 +164,7 @@ class StaticTarget:
     def truncate(self, lengths: dict[int, int]) -> None:
         """Drop committed entries beyond ``lengths[slot]`` in each given slot (a draft model's rejected tokens), in
         one host-to-device copy of every slot's length; the other slots keep theirs."""
-        if self._pending is not None:
-            raise ValueError("truncate between a verify and its commit; call commit() first")
+        self._check_ready("truncate")
         new = list(self._cache.host_lengths)
         for slot, length in lengths.items():
             if not 0 < length <= new[slot]:
@@ -185,12 +178,14 @@ class StaticTarget:
 
     @torch.inference_mode()
     def prefill(self, slot: int, input_ids: torch.Tensor) -> TargetOutput:
-        """Run a prompt ``(T,)`` into slot ``slot`` alone (the others are untouched)."""
+        """Run a prompt ``(T,)`` into slot ``slot`` alone (the others are untouched): its bucket's prefill graph where
+        it fits (CUDA: a replay, not ~1,000 launches), else eagerly as a group of one."""
         ids = self._prefill_ids(input_ids)  # (T,)
-        length = ids.numel()
+        if not self.prefill_graphs.fits(ids.numel(), self._cache.capacity):
+            return prefill_group(self.module, self._cache, [slot], [ids], self.aux_layers)[0]
         self._cache.reset_slot(slot)
-        out = self.prefill_graphs.prefill(ids, self._cache.kv, slot, self.aux_layers)  # graph or eager
-        self._cache.advance_slot(slot, length)
+        out = self.prefill_graphs.run(ids, self._cache.kv, slot, self.aux_layers)
+        self._cache.advance_slot(slot, ids.numel())
         return out
 
     @torch.inference_mode()
@@ -213,10 +208,7 @@ class StaticTarget:
 
     def _prefill_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
         """A prompt ``(T,)`` on the device, checked against the cache (reserved, no verify pending, room for T)."""
-        if self._cache is None:
-            raise ValueError("prefill before reserve(): size the batched cache first")
-        if self._pending is not None:
-            raise ValueError("prefill between a verify and its commit; call commit() first")
+        self._check_ready("prefill")
         ids = input_ids.to(self.device).flatten()  # (T,)
         if not 0 < ids.numel() <= self._cache.capacity:
             raise ValueError(f"a prompt of {ids.numel()} tokens does not fit a slot of {self._cache.capacity} cache "
@@ -227,10 +219,7 @@ class StaticTarget:
     def verify(self, inputs: list[SlotInput | None]) -> TargetOutput:
         """Score every slot's verify input in one forward; ``inputs[b]`` None marks an idle slot. Returns logits
         ``(B, W, V)``, hidden states ``(B, W, H)`` (and aux ``(B, W, A * H)``); row b's first N_b nodes are real."""
-        if self._cache is None:
-            raise ValueError("verify before reserve() and prefill(); size the cache and prefill a slot first")
-        if self._pending is not None:
-            raise ValueError("the previous verify was never committed; call commit() after each verify")
+        self._check_ready("verify")
         if len(inputs) != self.batch_size:
             raise ValueError(f"verify takes one entry per slot ({self.batch_size}), got {len(inputs)}")
         kind = step_kind(inputs)
@@ -244,7 +233,7 @@ class StaticTarget:
         self._pending = (kind, width, counts)
         self._last_step = (kind, buffers, counts)
         self.verify_widths.setdefault(kind, Counter())[width] += 1
-        copied = self._graphs.enabled  # the next replay overwrites the graph's outputs: hand out copies
+        copied = self.graphs.enabled  # the next replay overwrites the graph's outputs: hand out copies
         batch = self.batch_size
         out = [None if t is None else (t.clone() if copied else t).view(batch, width, -1) for t in (logits, hidden, aux)]
         return TargetOutput(logits=out[0], hidden_states=out[1], aux_hidden_states=out[2])
@@ -252,13 +241,13 @@ class StaticTarget:
     def _run(self, kind: str, width: int, span: int, buffers: BatchBuffers) -> tuple:
         """The (kind, width) step over the first ``span`` cache entries: its graph of key (kind, width, span) replayed
         (captured first when new), or the forward eagerly without graphs. Every span's graph writes the same outputs."""
-        if self._graphs.enabled and buffers.outputs is None:
+        if self.graphs.enabled and buffers.outputs is None:
             rows, s = self.batch_size * width, self.module.shape
             buffers.outputs = (torch.empty(rows, self.vocab_size, dtype=torch.float32, device=self.device),
                                torch.empty(rows, s.hidden_size, dtype=self.dtype, device=self.device),
                                torch.empty(rows, len(self.aux_layers) * s.hidden_size, dtype=self.dtype, device=self.device)
                                if self.aux_layers else None)
-        return self._graphs.run((kind, width, span), buffers, partial(self._forward, span=span))
+        return self.graphs.run((kind, width, span), buffers, partial(self._forward, span=span))
 
     def _forward(self, buffers: BatchBuffers, span: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """One fixed-shape batched verify forward over the static buffers and the first ``span`` entries of the cache:
@@ -284,11 +273,8 @@ class StaticTarget:
         or for keys already captured): each of ``kinds``' width (plain, and chain and tree once reserved) at every
         attention span from a slot of ``shortest`` entries (the shortest prompt) up to the whole cache. A capture's
         forward writes only beyond each slot's committed entries, where every verify writes."""
-        if self._cache is None:
-            raise ValueError("prepare_steps before reserve(): size the batched cache first")
-        if self._pending is not None:
-            raise ValueError("prepare_steps between a verify and its commit; call commit() first")
-        if not self._graphs.enabled:
+        self._check_ready("prepare_steps")
+        if not self.graphs.enabled:
             return
         capacity = self._cache.capacity
         for kind, width in sorted((k, w) for k, w in self._widths.items() if k in kinds):
@@ -298,7 +284,7 @@ class StaticTarget:
             self._width_for(kind, width)  # its buffers
             buffers = self._buffers[(kind, width)]
             for span in attention_spans(shortest + width, capacity):
-                if (kind, width, span) not in self._graphs:
+                if (kind, width, span) not in self.graphs:
                     self._run(kind, width, span, buffers)
 
     def verified_step(self) -> VerifiedStep:
@@ -309,6 +295,13 @@ class StaticTarget:
         if self._device_counts is None or self._device_counts[0] != counts:  # steady steps: the same counts
             self._device_counts = (counts, host_to_device(counts, self.device))  # (B,)
         return VerifiedStep(buffers.ids, buffers.tree, self._device_counts[1], buffers.depths, chain=kind != "tree")
+
+    def _check_ready(self, call: str) -> None:
+        """Refuse ``call`` before reserve() sized the cache, or between a verify and its commit."""
+        if self._cache is None:
+            raise ValueError(f"{call} before reserve(): size the batched cache first")
+        if self._pending is not None:
+            raise ValueError(f"{call} between a verify and its commit; call commit() first")
 
     def _width_for(self, kind: str, n: int) -> int:
         """The kind's fixed width: reserved, or set by its first step; a wider step widens it (a second shape)."""

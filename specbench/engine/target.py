@@ -29,6 +29,9 @@ class TargetOutput:
 class Target(Protocol):
     batch_size: int  # slots decoded together
     vocab_size: int
+    hidden_size: int  # H of the final hidden states (what the lm_head reads)
+    num_layers: int  # decoder layers (EAGLE-3 picks its aux layers by this count)
+    embed_tokens: "torch.nn.Module"  # the token embedding (draft heads without their own embed through it)
     max_context: int  # positions the model supports; prompt + output + draft must fit
     device: torch.device
     dtype: torch.dtype

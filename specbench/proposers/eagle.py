@@ -19,31 +19,6 @@ from specbench.medusa.trees import TreeSpec, load_tree
 from specbench.proposers.registry import register_proposer
 
 
-def target_input_embedding(target) -> nn.Module:
-    """The target's token embedding: ``model.get_input_embeddings()`` of an HFTarget, ``module.model.embed_tokens``
-    of a StaticTarget."""
-    model = getattr(target, "model", None)
-    if model is not None and hasattr(model, "get_input_embeddings"):
-        return model.get_input_embeddings()
-    body = getattr(getattr(target, "module", None), "model", None)
-    if body is not None and isinstance(getattr(body, "embed_tokens", None), nn.Module):
-        return body.embed_tokens
-    raise ValueError(
-        f"cannot reach the token embedding of target {type(target).__name__} (neither model.get_input_embeddings() "
-        "nor module.model.embed_tokens); use a draft head that ships its own embed_tokens"
-    )
-
-
-def target_hidden_size(target) -> int:
-    hidden = getattr(getattr(target, "config", None), "hidden_size", None)
-    lm_head = getattr(target, "lm_head", None)
-    if hidden is None and lm_head is not None:
-        hidden = lm_head.weight.shape[1]
-    if hidden is None:
-        raise ValueError(f"cannot tell the hidden size of target {type(target).__name__}: no config.hidden_size, no lm_head")
-    return int(hidden)
-
-
 @register_proposer
 class EagleProposer(SlotProposer):
     name = "eagle"
@@ -136,7 +111,12 @@ class EagleProposer(SlotProposer):
         if (head is None) == (path is None):
             raise ValueError(f"{cls.head_label} needs exactly one of head (an {cls.head_type}) or path (a checkpoint); "
                              f"got head={type(head).__name__ if head is not None else None}, path={path!r}")
-        head = cls._target_head(target, head, path).to(device=target.device, dtype=target.dtype)
+        if path is not None:
+            head = cls._load_head(target, path)
+        elif not cls._head_fits(head, target):
+            raise ValueError(f"the {cls.head_label} head has hidden_size {head.config.hidden_size} and vocab_size "
+                             f"{head.config.vocab_size}; the target has {target.hidden_size} and {target.vocab_size}")
+        head = head.to(device=target.device, dtype=target.dtype)
         if cuda_graphs is None:  # as the target's steps: captured on a static target with graphs on, else eager
             cuda_graphs = bool(getattr(target, "cuda_graphs", False))
         drafting = dict(batch_size=target.batch_size, num_speculative_tokens=num_speculative_tokens, tree=tree,
@@ -147,45 +127,24 @@ class EagleProposer(SlotProposer):
     # -- from_options' hooks: what differs between an EAGLE-1/2 head and an EAGLE-3 one -------------------
 
     @classmethod
-    def _target_head(cls, target, head: EagleHead | None, path: str | None) -> EagleHead:
-        """``head`` checked against the target's hidden and vocabulary sizes, or the checkpoint at ``path`` loaded
-        for them."""
-        cls._check_target(target)
-        hidden = target_hidden_size(target)
-        if path is not None:
-            return cls._load_head(target, path, hidden)
-        if not cls._head_fits(head, target, hidden):
-            raise ValueError(
-                f"the {cls.head_label} head has hidden_size {head.config.hidden_size} and vocab_size "
-                f"{head.config.vocab_size}; the target has {hidden} and {target.vocab_size}"
-            )
-        return head
-
-    @classmethod
-    def _check_target(cls, target) -> None:
-        """Refuse a target the head cannot draft for: an EAGLE-1/2 head scores through the target's lm_head."""
-        if getattr(target, "lm_head", None) is None:
-            raise ValueError(f"target {type(target).__name__} has no lm_head, which an EAGLE-1/2 head drafts through")
-
-    @classmethod
-    def _load_head(cls, target, path: str, hidden: int) -> EagleHead:
+    def _load_head(cls, target, path: str) -> EagleHead:
         """The checkpoint at ``path``, checked against the target's sizes, in its dtype on its device."""
         from specbench.eagle.checkpoint import load_eagle_head  # checkpoint formats load only when asked for
 
-        return load_eagle_head(path, target_hidden_size=hidden, target_vocab_size=target.vocab_size,
+        return load_eagle_head(path, target_hidden_size=target.hidden_size, target_vocab_size=target.vocab_size,
                                dtype=target.dtype, device=target.device)
 
     @classmethod
-    def _head_fits(cls, head: EagleHead, target, hidden: int) -> bool:
+    def _head_fits(cls, head: EagleHead, target) -> bool:
         """The hidden size always; the vocabulary only where the head embeds with its own embed_tokens."""
         vocab_fits = head.embed_tokens is None or head.config.vocab_size == target.vocab_size
-        return head.config.hidden_size == hidden and vocab_fits
+        return head.config.hidden_size == target.hidden_size and vocab_fits
 
     @classmethod
     def _for_target(cls, target, head: EagleHead, drafting: dict) -> "EagleProposer":
-        """The proposer for ``head`` (on the target's device) with ``drafting``, __init__'s keyword options."""
-        embedding = None if head.embed_tokens is not None else target_input_embedding(target)
-        return cls(head, target.lm_head, embedding, **drafting)
+        """The proposer for ``head`` (on the target's device) with ``drafting``, __init__'s keyword options: scored
+        through the target's lm_head, embedding through the target's embedding unless the head has its own."""
+        return cls(head, target.lm_head, None if head.embed_tokens is not None else target.embed_tokens, **drafting)
 
     @property
     def max_draft_tokens(self) -> int:

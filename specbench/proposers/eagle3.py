@@ -7,18 +7,8 @@ import torch
 from torch import nn
 
 from specbench.eagle.eagle3 import Eagle3Head, eagle3_aux_layers
-from specbench.proposers.eagle import EagleProposer, target_input_embedding
+from specbench.proposers.eagle import EagleProposer
 from specbench.proposers.registry import register_proposer
-
-
-def target_num_layers(target) -> int:
-    """The target's decoder-layer count: ``config.num_hidden_layers``, else a StaticTarget's ``module.shape``."""
-    layers = getattr(getattr(target, "config", None), "num_hidden_layers", None)
-    if layers is None:
-        layers = getattr(getattr(getattr(target, "module", None), "shape", None), "num_layers", None)
-    if layers is None:
-        raise ValueError(f"cannot tell the layer count of target {type(target).__name__}, which EAGLE-3 needs")
-    return int(layers)
 
 
 @register_proposer
@@ -45,26 +35,22 @@ class Eagle3Proposer(EagleProposer):
     # -- EagleProposer.from_options' hooks: the head's own lm_head, the target's aux-layer features ----------
 
     @classmethod
-    def _check_target(cls, target) -> None:
-        """Nothing to check: the head scores through its own norm and lm_head, not the target's."""
-
-    @classmethod
-    def _load_head(cls, target, path: str, hidden: int) -> Eagle3Head:
+    def _load_head(cls, target, path: str) -> Eagle3Head:
         from specbench.eagle.checkpoint3 import load_eagle3_head  # checkpoint formats load only when asked for
 
-        return load_eagle3_head(path, target_hidden_size=hidden, target_vocab_size=target.vocab_size,
-                                dtype=target.dtype, device=target.device, target_num_layers=target_num_layers(target))
+        return load_eagle3_head(path, target_hidden_size=target.hidden_size, target_vocab_size=target.vocab_size,
+                                dtype=target.dtype, device=target.device, target_num_layers=target.num_layers)
 
     @classmethod
-    def _head_fits(cls, head: Eagle3Head, target, hidden: int) -> bool:
-        return head.config.hidden_size == hidden and head.config.vocab_size == target.vocab_size
+    def _head_fits(cls, head: Eagle3Head, target) -> bool:
+        return head.config.hidden_size == target.hidden_size and head.config.vocab_size == target.vocab_size
 
     @classmethod
     def _for_target(cls, target, head: Eagle3Head, drafting: dict) -> "Eagle3Proposer":
         """The proposer, embedding through the target's embedding; only once the options are valid is the target
         asked for the features entering layers ``eagle3_aux_layers(L)``."""
-        proposer = cls(head, target_input_embedding(target), target_vocab_size=target.vocab_size, **drafting)
-        target.set_aux_layers(eagle3_aux_layers(target_num_layers(target)))
+        proposer = cls(head, target.embed_tokens, target_vocab_size=target.vocab_size, **drafting)
+        target.set_aux_layers(eagle3_aux_layers(target.num_layers))
         return proposer
 
     def describe(self) -> dict:

@@ -84,22 +84,12 @@ class MedusaProposer(SlotProposer):
         if (heads is None) == (path is None):
             raise ValueError(f"Medusa needs exactly one of heads (a MedusaHeads) or path (a checkpoint); got heads="
                              f"{type(heads).__name__ if heads is not None else None}, path={path!r}")
-        lm_head = getattr(target, "lm_head", None)
         if path is not None:
             from specbench.medusa.checkpoint import load_medusa_heads  # checkpoint formats load only when asked for
 
-            config = getattr(target, "config", None)
-            hidden_size = getattr(config, "hidden_size", None)
-            if hidden_size is None and lm_head is not None:
-                hidden_size = int(lm_head.weight.shape[1])
-            if hidden_size is None:
-                raise ValueError(
-                    f"cannot tell the hidden size of target {type(target).__name__}: it has neither "
-                    "config.hidden_size nor an lm_head; pass heads= built by hand instead of path="
-                )
-            heads = load_medusa_heads(path, hidden_size=int(hidden_size), vocab_size=target.vocab_size, dtype=target.dtype)
+            heads = load_medusa_heads(path, hidden_size=target.hidden_size, vocab_size=target.vocab_size, dtype=target.dtype)
         heads = heads.to(device=target.device, dtype=target.dtype)
-        return cls(heads, lm_head, num_speculative_tokens=num_speculative_tokens, tree=tree)
+        return cls(heads, target.lm_head, num_speculative_tokens=num_speculative_tokens, tree=tree)
 
     @property
     def max_draft_tokens(self) -> int:
