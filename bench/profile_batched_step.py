@@ -32,7 +32,7 @@ from specbench.engine import decode, static_target  # noqa: E402
 from specbench.engine.decode import Decoder, GenerationConfig  # noqa: E402
 from specbench.engine.static_target import StaticTarget  # noqa: E402
 from specbench.medusa.heads import MedusaHeads, MedusaHeadsConfig  # noqa: E402
-from specbench.proposers.batched import for_batch  # noqa: E402
+from specbench.engine.proposer import for_batch  # noqa: E402
 from specbench.proposers.medusa import MedusaProposer  # noqa: E402
 
 TREE = [[0], [1], [2], [0, 0], [0, 1], [1, 0], [0, 0, 0], [0, 0, 1], [0, 0, 0, 0]]

@@ -12,7 +12,7 @@ import torch
 from specbench.engine.decode import Decoder, GenerationConfig
 from specbench.engine.sampling import SamplingParams
 from specbench.engine.static_target import StaticTarget
-from specbench.proposers.batched import for_batch
+from specbench.engine.proposer import for_batch
 from specbench.proposers.draft_model import DraftModelProposer
 import test_batched_engine
 from test_batched_engine import assert_each_request_as_alone

@@ -15,7 +15,7 @@ from specbench.eagle.draft_head import BatchedDraftKVCache, DraftKVCache
 from specbench.engine.decode import Decoder, GenerationConfig
 from specbench.engine.hf_target import HFTarget
 from specbench.engine.static_target import StaticTarget
-from specbench.proposers.batched import for_batch
+from specbench.engine.proposer import for_batch
 from specbench.proposers.eagle import EagleProposer
 from specbench.proposers.eagle3 import Eagle3Proposer
 from _prompts import random_prompt, repetitive_prompt

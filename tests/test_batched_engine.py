@@ -17,7 +17,7 @@ from specbench.engine.sampling import SamplingParams
 from specbench.engine.proposer import PerSlotProposer
 from specbench.engine.static_target import StaticTarget
 from specbench.engine.step_inputs import SlotInput
-from specbench.proposers.batched import for_batch
+from specbench.engine.proposer import for_batch
 from specbench.medusa.heads import MedusaHeads
 from specbench.proposers.draft_model import DraftModelProposer
 from specbench.proposers.medusa import MedusaProposer

@@ -14,7 +14,7 @@ from specbench.engine.hf_target import HFTarget
 from specbench.engine.static_cache import attention_span, attention_spans
 from specbench.engine.static_target import StaticTarget
 from specbench.engine.step_inputs import SlotInput
-from specbench.proposers.batched import for_batch
+from specbench.engine.proposer import for_batch
 from test_batched_engine import (assert_each_request_as_alone, decode_alone, random_heads, tiny_llama_model,
                                  tiny_proposers)
 from _prompts import random_prompt, repetitive_prompt

@@ -17,7 +17,7 @@ from specbench.engine.hf_target import HFTarget
 from specbench.engine.sampling import SamplingParams
 from specbench.engine.proposer import PerSlotProposer
 from specbench.engine.static_target import StaticTarget
-from specbench.proposers.batched import for_batch
+from specbench.engine.proposer import for_batch
 from specbench.proposers.ngram import NgramProposer
 from test_batched_engine import (assert_each_request_as_alone, decode_alone, eos_mid_run, random_heads,
                                  tiny_llama_model, tiny_proposers)

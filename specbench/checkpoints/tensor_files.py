@@ -257,3 +257,22 @@ def open_tensor_file(path: Path) -> tuple[list[str], Callable[[list[str]], dict[
         return _safetensors_keys(path), lambda keys: _safetensors_read(path, keys)
     state = torch_load_state_dict(path)
     return list(state), lambda keys: {key: state[key] for key in keys}
+
+
+def read_model_weights(directory: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of a transformers model directory: safetensors (single or sharded) or torch pickles (weights_only,
+    single or sharded)."""
+    for name in ("model.safetensors.index.json", "model.safetensors", "pytorch_model.bin"):
+        if (directory / name).is_file():
+            keys, read = open_tensor_file(directory / name)
+            return read(keys)
+    index = directory / "pytorch_model.bin.index.json"
+    if index.is_file():
+        state: dict[str, torch.Tensor] = {}
+        for shard in sorted(set(shard_map(index, ".bin").values())):
+            state.update(torch_load_state_dict(directory / shard))
+        return state
+    raise CheckpointError(
+        f"{directory}: no weights found (model.safetensors, model.safetensors.index.json, pytorch_model.bin "
+        "or pytorch_model.bin.index.json)"
+    )

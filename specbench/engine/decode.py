@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from specbench.engine.proposer import ProposerState, Proposer, SlotProposer, PerSlotProposer
+from specbench.engine.proposer import ProposerState, Proposer, SlotProposer, for_batch
 from specbench.engine.step_inputs import SlotInput, slot_input
 from specbench.engine.batch_verification import BatchVerdict, read_step, verify_batch_greedy as verify_batch
 from specbench.engine.device_verification import rejection_chain_on_device
@@ -151,14 +151,11 @@ def _write_rows(buffer: torch.Tensor, start: torch.Tensor, values: torch.Tensor,
 
 class Decoder:
     """Generate every prompt of a queue with ``target``'s B slots, drafting with ``proposer`` (None = plain; a
-    per-sequence :class:`Proposer` runs as the one slot of a target of batch size 1)."""
+    per-sequence :class:`Proposer` runs per slot: ``for_batch``)."""
 
     def __init__(self, target, proposer: SlotProposer | Proposer | None, config: GenerationConfig):
         if isinstance(proposer, Proposer):
-            if target.batch_size != 1:
-                raise ValueError(f"a per-sequence {type(proposer).__name__} drafts for one slot, but the target has "
-                                 f"{target.batch_size}; pass its slot form (proposers.batched.for_batch)")
-            proposer = PerSlotProposer([proposer])
+            proposer = for_batch(proposer, target.batch_size)
         self.target, self.proposer, self.config = target, proposer, config
         self.stats = RunStats()
         self._depth_lists: dict[int, tuple[torch.Tensor, list[int]]] = {}  # id -> (a tree's depths, as a list)

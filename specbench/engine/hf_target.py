@@ -112,15 +112,12 @@ class HFTarget:
             logits = torch.tanh(logits / self._softcap) * self._softcap
         return logits
 
-    def _check_slot(self, slot: int) -> None:
-        if slot != 0:
-            raise ValueError(f"HFTarget holds one sequence (slot 0), got slot {slot}; batch on the static engine")
-
     @torch.inference_mode()
     def prefill(self, slot: int, input_ids: torch.Tensor) -> TargetOutput:
         """Run the prompt ``(T,)`` into a new cache: the last position's logits ``(1, V)`` and every position's
         hidden states ``(T, H)`` (feature-reading proposers such as EAGLE need them)."""
-        self._check_slot(slot)
+        if slot != 0:
+            raise ValueError(f"HFTarget holds one sequence (slot 0), got slot {slot}; batch on the static engine")
         self.cache = DynamicCache(config=self.config)
         ids = input_ids.to(self.device).view(1, -1)  # (1, T)
         with self._attention_backends():

@@ -1,5 +1,6 @@
 """The proposer protocols: over the slots of a batch (``SlotProposer``, what the decode loop calls), per sequence
-(``Proposer``: n-gram, scripted, third-party), and the per-slot adapter that runs the second as the first."""
+(``Proposer``: n-gram, scripted, third-party), the per-slot adapter that runs the second as the first, and
+``for_batch``, a proposer's form for B slots."""
 
 from __future__ import annotations
 
@@ -58,6 +59,12 @@ class Proposer(ABC):
     def describe(self) -> dict:
         """Settings that identify this proposer in results and baselines."""
         return {"name": self.name}
+
+    def fresh(self) -> "Proposer":
+        """A new proposer with these settings and no request state, for another slot (``for_batch``); one that keeps
+        large state (a model) leaves this out and its caller passes a factory instead."""
+        raise ValueError(f"{type(self).__name__} keeps per-request state and has no batched form: pass factory= (a "
+                         "callable building one per slot) to run it per slot")
 
 
 class SlotProposer(ABC):
@@ -126,3 +133,16 @@ class PerSlotProposer(SlotProposer):
 
     def describe(self) -> dict:
         return {**self.proposers[0].describe(), "batching": "per-slot"}
+
+
+def for_batch(proposer: Proposer | SlotProposer | None, batch_size: int, factory: Callable[[], Proposer] | None = None):
+    """``proposer`` for ``batch_size`` slots: a slot proposer (Medusa, the draft model, EAGLE-1/2/3) through its
+    ``with_batch_size``; a per-sequence one (n-gram, scripted, third-party) one per slot, from ``factory`` or its
+    ``fresh()`` copies (it keeps per-request state, so one instance cannot serve two slots), itself at one slot."""
+    if proposer is None and factory is None:
+        return None
+    if isinstance(proposer, SlotProposer):
+        return proposer.with_batch_size(batch_size)
+    if factory is None and batch_size == 1:  # one slot: the proposer itself keeps its one request's state
+        return PerSlotProposer([proposer])
+    return PerSlotProposer.build(factory or proposer.fresh, batch_size)

@@ -7,11 +7,6 @@ import os
 import torch
 
 
-def cache_bytes(batch_size: int, num_layers: int, num_kv_heads: int, capacity: int, head_dim: int, dtype: torch.dtype) -> int:
-    """Bytes of a batched static cache: B x layers x 2 (K, V) x kv_heads x head_dim x capacity x dtype bytes."""
-    return batch_size * num_layers * 2 * num_kv_heads * head_dim * capacity * torch.empty((), dtype=dtype).element_size()
-
-
 def free_device_bytes(device: torch.device) -> int | None:
     """Free memory of ``device``: CUDA's free bytes, the host's available RAM for the CPU (None where unknown)."""
     if device.type == "cuda":
@@ -25,7 +20,7 @@ def free_device_bytes(device: torch.device) -> int | None:
 def check_cache_fits(batch_size: int, num_layers: int, num_kv_heads: int, capacity: int, head_dim: int,
                      dtype: torch.dtype, device: torch.device, *, extra_bytes: int = 0) -> None:
     """Raise before allocating when a batched cache (plus ``extra_bytes`` not yet resident) exceeds free memory."""
-    per_slot = cache_bytes(1, num_layers, num_kv_heads, capacity, head_dim, dtype)
+    per_slot = num_layers * 2 * num_kv_heads * head_dim * capacity * torch.empty((), dtype=dtype).element_size()
     needed = batch_size * per_slot + extra_bytes
     available = free_device_bytes(device)
     if available is not None and needed > available:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import torch
 
 from specbench.engine.static_llama import EAGER_HINT, SUPPORTED_MODEL_TYPES, LlamaShape, StaticLlamaForCausalLM, UnsupportedModel
@@ -23,6 +21,7 @@ def module_from_pretrained(ref, *, dtype: torch.dtype, device) -> tuple[StaticLl
     from transformers import AutoConfig
 
     from specbench.checkpoints.resolve import resolve_model_dir
+    from specbench.checkpoints.tensor_files import read_model_weights
     from specbench.checkpoints.validate import check_finite, check_target_dir, read_json_object
 
     directory = resolve_model_dir(ref)
@@ -34,28 +33,9 @@ def module_from_pretrained(ref, *, dtype: torch.dtype, device) -> tuple[StaticLl
             f"{', '.join(SUPPORTED_MODEL_TYPES)}; {EAGER_HINT}"
         )
     config = AutoConfig.from_pretrained(directory, local_files_only=True, trust_remote_code=False)
-    module = StaticLlamaForCausalLM.from_state_dict(LlamaShape.from_config(config), _read_weights(directory),
+    module = StaticLlamaForCausalLM.from_state_dict(LlamaShape.from_config(config), read_model_weights(directory),
                                                     dtype=dtype, device=torch.device(device), source=str(directory))
     check_finite(module.named_parameters(), str(directory), "parameter",
                  "the weights are corrupt or the model diverged: re-download or re-export it")
     return module, config, str(directory)
 
-
-def _read_weights(directory: Path) -> dict[str, torch.Tensor]:
-    """Every tensor of a checkpoint directory: safetensors (single or sharded) or torch pickles (weights_only)."""
-    from specbench.checkpoints.tensor_files import CheckpointError, open_tensor_file, shard_map, torch_load_state_dict
-
-    for name in ("model.safetensors.index.json", "model.safetensors", "pytorch_model.bin"):
-        if (directory / name).is_file():
-            keys, read = open_tensor_file(directory / name)
-            return read(keys)
-    index = directory / "pytorch_model.bin.index.json"
-    if index.is_file():
-        state: dict[str, torch.Tensor] = {}
-        for shard in sorted(set(shard_map(index, ".bin").values())):
-            state.update(torch_load_state_dict(directory / shard))
-        return state
-    raise CheckpointError(
-        f"{directory}: no weights found (model.safetensors, model.safetensors.index.json, pytorch_model.bin "
-        "or pytorch_model.bin.index.json)"
-    )

@@ -258,7 +258,7 @@ class EagleProposer(SlotProposer):
         for slot, state in states.items():
             if not 0 <= slot < batch:
                 raise ValueError(f"slot {slot} of an EAGLE proposer of {batch} slots; build it for the target's batch "
-                                 "size (proposers.batched.for_batch)")
+                                 "size (engine.proposer.for_batch)")
             tokens, features = state.token_ids, state.hidden_states
             need = tokens.numel() - 1  # draft positions 0 .. T - 2, host-known from the view's shape
             if features is None or features.dim() != 2 or features.shape[0] != need or need < 1:

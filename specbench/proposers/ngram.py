@@ -39,6 +39,9 @@ class NgramProposer(Proposer):
         self.match = match
         self._reset(None)  # no request begun: the first propose copies its whole context once
 
+    def fresh(self) -> "NgramProposer":
+        return NgramProposer(self.k, self.min_n, self.max_n, self.match)
+
     @classmethod
     def from_options(cls, target, num_speculative_tokens: int = 3, min_n: int = 1, max_n: int = 3,
                      match: str = "latest") -> "NgramProposer":

@@ -12,7 +12,7 @@ from tqdm.auto import tqdm
 from specbench.cases import OVERRIDABLE, SWEEPABLE, Case, with_overrides
 from specbench.engine.decode import Decoder, GenerationConfig
 from specbench.engine.static_target import StaticTarget
-from specbench.proposers.batched import for_batch
+from specbench.engine.proposer import for_batch
 from specbench.run.step_costs import measure_step_costs
 from specbench.run import kernel_choices
 from specbench.env import environment_fingerprint
