@@ -160,27 +160,23 @@ class Decoder:
         self.stats = RunStats()
         self._depth_lists: dict[int, tuple[torch.Tensor, list[int]]] = {}  # id -> (a tree's depths, as a list)
 
-    @property
-    def _draft_room(self) -> int:
-        return self.proposer.max_draft_tokens if self.proposer else 0
-
     def prepare(self, prompts: list[torch.Tensor]) -> None:
         """Size every slot for the longest of ``prompts`` (the memory check comes first) and capture every graph they
         can replay (prefills, steps at every span, the proposer's); ``generate_all`` calls it, and a caller that warms
         up on fewer prompts calls it on the full set first, so nothing is captured once the clock runs."""
-        limit = self.target.max_context
+        limit, room = self.target.max_context, self.proposer.max_draft_tokens if self.proposer else 0  # room: per step
         for index, prompt in enumerate(prompts):
             if prompt.numel() == 0:
                 raise ValueError(f"prompt {index} is empty: at least one prompt token is needed to start decoding")
-            needed = prompt.numel() + self.config.max_new_tokens + self._draft_room
+            needed = prompt.numel() + self.config.max_new_tokens + room
             if needed > limit:
                 raise ValueError(
                     f"context length exceeded: prompt {index} ({prompt.numel()} tokens) + max_new_tokens "
-                    f"({self.config.max_new_tokens}) + draft tokens per step ({self._draft_room}) = {needed} > the "
+                    f"({self.config.max_new_tokens}) + draft tokens per step ({room}) = {needed} > the "
                     f"target's max context {limit}; shorten the prompt or lower max_new_tokens"
                 )
-        longest = max(p.numel() for p in prompts) + self.config.max_new_tokens + self._draft_room
-        self.target.reserve(longest, self._draft_room)
+        longest = max(p.numel() for p in prompts) + self.config.max_new_tokens + room
+        self.target.reserve(longest, room)
         self.target.prepare_prefills([p.numel() for p in prompts])  # lone admissions replay these graphs
         kinds = ("plain",) if self.proposer is None else ("plain", "chain", "tree")  # a plain run verifies no draft
         self.target.prepare_steps(min(p.numel() for p in prompts), kinds)  # every step graph, at every attention span
