@@ -65,6 +65,24 @@ def test_aten_matmuls_of_a_graph_compiled_in_this_process_are_read_back():
     assert len(records) == len({repr(r) for r in records})  # distinct records only
 
 
+def test_a_case_s_record_keeps_only_its_own_models_matmuls():
+    """A process that ran another model first holds that model's compiled graphs too; a case's record names only the
+    matmuls with an input of one of its modules' weight shapes (the fused ones included)."""
+    from specbench.run import kernel_choices
+
+    linear = torch.compile(lambda x, w: F.linear(x, w), fullgraph=True, dynamic=False)
+    ours, theirs = torch.nn.Linear(24, 56, bias=False), torch.randn(72, 24)
+    linear(torch.randn(1, 24), ours.weight.detach())
+    linear(torch.randn(1, 24), theirs)
+    everything = compiled_matmuls()
+    assert {"input_shapes": [[1, 24], [72, 24]], "kernels": ["aten mm"]} in everything
+    kept = compiled_matmuls(kernel_choices.weight_shapes(ours))
+    assert kept == [{"input_shapes": [[1, 24], [56, 24]], "kernels": ["aten mm"]}]
+    fused = torch.nn.Module()
+    fused.weight = theirs  # a plain tensor attribute, as FusedLinear keeps its fused weight
+    assert kernel_choices.weight_shapes(ours, fused, None) == {(56, 24), (72, 24)}
+
+
 # what inductor writes on a GPU for a one-row linear under coordinate-descent tuning: no mm, a reduction kernel
 # named after the ATen op it came from, with that op in the comment above its definition
 ROW_MM_MODULE = """

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import pytest
+import torch
 
 from specbench.run import kernel_choices
 
@@ -51,6 +52,19 @@ def test_one_record_per_op_and_shape_the_latest_kept():
     records = kernel_choices.selections()
     assert [r["input_shapes"][1] for r in records] == [[64, 128], [64, 256]]
     assert records[0]["chosen"] == "mm" and records[1]["runner_up"] is None
+
+
+def test_a_case_s_record_keeps_only_the_selections_of_its_own_weights(monkeypatch):
+    """describe(modules) keeps the selections with an input shaped like one of the modules' weights: another model's,
+    made earlier in the process, are left out (the matmul kernels are filtered the same way: test_compiled_matmuls)."""
+    a = _choice("mm")
+    kernel_choices._record({a: 0.02}, "mm", [_Node(1, 64), _Node(128, 64)], [a], None, {})  # this case's (128, 64)
+    kernel_choices._record({a: 0.02}, "mm", [_Node(1, 32), _Node(96, 32)], [a], None, {})  # another model's
+    monkeypatch.setattr(kernel_choices, "_INSTALLED", True)
+    monkeypatch.setattr(kernel_choices, "compiled_matmuls", lambda shapes=None: [])
+    ours = torch.nn.Linear(64, 128, bias=False)
+    assert [r["input_shapes"] for r in kernel_choices.describe(ours)["selections"]] == [[[1, 64], [128, 64]]]
+    assert len(kernel_choices.describe()["selections"]) == 2  # no modules: the whole process's
 
 
 def test_a_selection_whose_every_choice_failed_is_not_recorded():
@@ -147,7 +161,7 @@ def test_the_note_says_when_one_row_matmuls_ran_as_reductions(monkeypatch):
     record = {"input_shapes": [[1, 4096], [4096, 4096]],
               "kernels": ["triton_red_fused_mul_sum_0 (one-row mm as multiply + sum: R0_BLOCK=2048, num_warps=16)"]}
     monkeypatch.setattr(kernel_choices, "_INSTALLED", True)
-    monkeypatch.setattr(kernel_choices, "compiled_matmuls", lambda: [record])
+    monkeypatch.setattr(kernel_choices, "compiled_matmuls", lambda shapes=None: [record])
     monkeypatch.setitem(counters, "inductor", Counter(fxgraph_cache_hit=0, fxgraph_cache_miss=5))
     described = kernel_choices.describe()
     assert described["compiled_matmuls"] == [record]

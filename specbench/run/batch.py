@@ -157,7 +157,7 @@ def run_batched_case(case: Case, *, progress: bool = True, target=None, tokenize
         "proposer": batched_proposer.describe() if batched_proposer else {"name": "none"}, "prompts": prompt_source,
         "engine": {"name": case.engine, "batched": True, "capture_seconds": target.capture_seconds,
                    "proposer_capture_seconds": capture_seconds(batched_proposer),
-                   "cuda_graphs": target.cuda_graphs, "autotune": kernel_choices.describe()},
+                   "cuda_graphs": target.cuda_graphs, "autotune": kernel_choices.describe(*kernel_choices.case_modules(target, batched_proposer))},
         "batch": {"batch_size": case.batch_size, "num_steps": stats.num_steps, "num_refills": stats.num_refills,
                   "mean_active_slots": (sum(stats.active_per_step) / len(stats.active_per_step)
                                         if stats.active_per_step else math.nan)},

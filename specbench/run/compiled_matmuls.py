@@ -80,8 +80,10 @@ def matmuls_in(source: str, module=None) -> dict | None:
     return {"input_shapes": shapes, "kernels": kernels}
 
 
-def compiled_matmuls() -> list[dict]:
-    """Every distinct (input shapes, kernels) of the generated modules loaded in this process so far."""
+def compiled_matmuls(weight_shapes: set[tuple[int, ...]] | None = None) -> list[dict]:
+    """Every distinct (input shapes, kernels) of the generated modules loaded in this process so far; with
+    ``weight_shapes``, only those with an input of one of these shapes (the matmuls of one case's models: a process
+    that ran other cases before holds their graphs too)."""
     try:
         from torch._inductor.codecache import PyCodeCache
     except ImportError:  # a torch without inductor: nothing compiled
@@ -93,6 +95,6 @@ def compiled_matmuls() -> list[dict]:
             record = matmuls_in(Path(path).read_text(), module) if path else None
         except OSError:  # the cache directory was cleaned under us: the record is best effort
             continue
-        if record is not None:
+        if record is not None and (weight_shapes is None or weight_shapes & set(map(tuple, record["input_shapes"]))):
             found.setdefault(repr(record), record)
     return list(found.values())

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import math
 
+import torch
+
 from specbench.run.compiled_matmuls import ROW_MM_LABEL, compiled_matmuls
 
 _SELECTIONS: dict[tuple, dict] = {}  # (op, shapes) -> the selection's record, in the order first seen
@@ -91,15 +93,31 @@ def selections() -> list[dict]:
     return [dict(record) for record in _SELECTIONS.values()]
 
 
-def describe() -> dict:
+def weight_shapes(*modules: torch.nn.Module | None) -> set[tuple[int, ...]]:
+    """The shapes of the 2-D weights of ``modules`` (fused ones included), which tell their matmuls from others."""
+    return {tuple(m.weight.shape) for module in modules if module is not None for m in module.modules()
+            if isinstance(getattr(m, "weight", None), torch.Tensor) and m.weight.dim() == 2}
+
+
+def case_modules(target, proposer) -> list:
+    """The modules a case runs: its target's, and its proposer's draft model, Medusa heads or EAGLE head."""
+    draft = getattr(proposer, "draft", None)
+    return [getattr(target, "module", None), getattr(draft, "module", None), getattr(proposer, "heads", None),
+            getattr(proposer, "head", None)]
+
+
+def describe(*modules: torch.nn.Module | None) -> dict:
     """The ``autotune`` entry of a result's engine details (docs/ab.md#what-moves-a-speed-figure): the selections,
-    the compiled graphs' matmul kernels and inductor's FX graph cache hits and misses so far in this process."""
+    the compiled graphs' matmul kernels and inductor's FX graph cache hits and misses so far in this process. Given
+    the case's ``modules`` (its target's, its draft model's), the selections and kernels are only theirs: those
+    with an input of one of their weights' shapes."""
     if not _INSTALLED:
         return {"selections": [], "note": "no max-autotuned matmuls in this process"}
     from torch._dynamo.utils import counters
 
     cache = {"hits": int(counters["inductor"]["fxgraph_cache_hit"]), "misses": int(counters["inductor"]["fxgraph_cache_miss"])}
-    recorded = selections()
+    shapes = weight_shapes(*modules) if modules else None
+    recorded = [r for r in selections() if shapes is None or shapes & {tuple(s) for s in r["input_shapes"]}]
     if recorded:
         note = "selections inductor made in this process (benchmarked now, or timings from its autotune cache)"
     elif cache["misses"]:
@@ -109,7 +127,7 @@ def describe() -> dict:
         note = (f"no autotune selection in this process; inductor's FX graph cache served {cache['hits']} of its "
                 f"{cache['hits'] + cache['misses']} compiled graphs (compiled, kernel choices included, by an earlier "
                 "process on this machine)")
-    matmuls = compiled_matmuls()
+    matmuls = compiled_matmuls(shapes)
     if any(ROW_MM_LABEL in kernel for record in matmuls for kernel in record["kernels"]):
         note += ("; the one-row matmuls run as multiply + sum reductions (coordinate-descent tuning's decomposition), "
                  "which select no mm kernel")

@@ -66,7 +66,7 @@ def decode_case(case: Case, target, tokenizer, proposer, *, progress: bool = Tru
                "engine": {"name": case.engine, "capture_seconds": capture_seconds(target),
                           "proposer_capture_seconds": capture_seconds(proposer)}}
     if case.engine == "static":
-        details["engine"]["autotune"] = kernel_choices.describe()
+        details["engine"]["autotune"] = kernel_choices.describe(*kernel_choices.case_modules(target, proposer))
     created_at = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     return RunResult(case, metrics, records, correctness, env, details, created_at, repeats,
                      measurement_flags(metrics) + window.flags())
