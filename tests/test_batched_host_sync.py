@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from specbench.engine import decode as decode_module
-from specbench.engine.batch_verification import verify_batch_greedy
+from specbench.engine.device_verification import verify_batch_greedy
 from specbench.engine.decode import Decoder, GenerationConfig
 from specbench.engine.draft import Draft
 from specbench.engine.hf_target import HFTarget

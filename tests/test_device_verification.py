@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 import specbench.engine.decode as decode_module
-from specbench.engine.batch_verification import BatchVerdict, read_step, verify_batch_greedy
+from specbench.engine.device_verification import BatchVerdict, read_step, verify_batch_greedy
 from specbench.engine.decode import Decoder, GenerationConfig
 from specbench.engine.draft import Draft
 from specbench.engine.hf_target import HFTarget

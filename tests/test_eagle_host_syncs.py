@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from specbench.eagle.expansion import draft_dynamic_tree
-from specbench.engine.batch_verification import read_step, verify_batch_greedy
+from specbench.engine.device_verification import read_step, verify_batch_greedy
 from specbench.engine.decode import Decoder, GenerationConfig
 from specbench.engine.draft import Draft, ancestor_mask
 from specbench.engine.hf_target import HFTarget

@@ -20,8 +20,8 @@ import torch
 
 from specbench.engine.proposer import ProposerState, Proposer, SlotProposer, for_batch
 from specbench.engine.step_inputs import SlotInput, slot_input
-from specbench.engine.batch_verification import BatchVerdict, read_step, verify_batch_greedy as verify_batch
-from specbench.engine.device_verification import rejection_chain_on_device
+from specbench.engine.device_verification import (BatchVerdict, read_step, rejection_chain_on_device,
+                                                  verify_batch_greedy as verify_batch)
 from specbench.engine.draft import Draft
 from specbench.engine.sampling import SamplingParams
 from specbench.engine.verification import verifies_greedily, verify

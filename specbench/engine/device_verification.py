@@ -1,12 +1,129 @@
-"""Rejection sampling of a chain computed on the logits' device, with one device-to-host transfer per step (greedy
-verification of every slot at once: engine/batch_verification.py)."""
+"""Verification on the logits' device: greedy verification of every slot of a step at once, with the step's one
+device-to-host read, and lossless rejection sampling of one slot's chain (docs/verification.md; the host rules:
+engine/verification.py)."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
 from specbench.engine.draft import Draft
 from specbench.engine.sampling import SamplingParams, target_probs
+from specbench.engine.transfers import host_to_device
+
+
+@dataclass
+class BatchVerdict:
+    """What one batched step keeps and emits per slot, on the device (idle slots keep and emit nothing)."""
+
+    kept: torch.Tensor  # (B,) int64 accepted nodes, root included: the tokens the slot emits this step; 0 if idle
+    nodes: torch.Tensor  # (B, W) int64 the accepted nodes ascending (root first), then the identity
+    emitted: torch.Tensor  # (B, W) int64 the accepted draft tokens, then the target's next token; 0-padded
+
+    def last_node(self) -> torch.Tensor:
+        """(B,) the last accepted node of each slot (0 for idle slots): its hidden state predicted the next root."""
+        return self.nodes.gather(1, (self.kept - 1).clamp_min(0)[:, None]).squeeze(1)  # (B,)
+
+    @classmethod
+    def from_host(cls, paths: list[list[int] | None], emitted: list[list[int] | None], width: int,
+                  device: torch.device) -> "BatchVerdict":
+        """A verdict reached on the host (sampling, or a caller's paths), sent in one host-to-device copy."""
+        rows = []
+        for path, new in zip(paths, emitted):
+            path, new = path or [], new or []
+            rows.append([len(path), *path, *range(len(path), width), *new, *[0] * (width - len(new))])
+        packed = host_to_device(rows, device)  # (B, 1 + 2W)
+        return cls(kept=packed[:, 0], nodes=packed[:, 1: width + 1], emitted=packed[:, width + 1:])
+
+
+def verify_batch_greedy(ids: torch.Tensor, logits: torch.Tensor, ancestors: torch.Tensor, counts: torch.Tensor,
+                        *, chain: bool = False) -> BatchVerdict:
+    """Greedy verification (docs/verification.md) of every slot's ``[root, *draft]`` at once, on the device.
+
+    ``ids`` ``(B, W)`` and ``logits`` ``(B, W, V)`` are the step's padded inputs and scores; ``ancestors``
+    ``(B, W, W)`` bool has row i = node i and its ancestors among slot b's first ``counts[b]`` nodes (a chain's
+    causal mask, a tree's mask; padded rows at least themselves), ``counts`` ``(B,)`` the real nodes (0: idle).
+    Per slot this is ``verification.verify_greedy``'s rule: a draft node is ok iff its token is the argmax of its
+    parent's row;
+    the accepted path ends at the deepest node whose ancestors are all ok (ties: the earlier index), and the
+    step emits the path's draft tokens, then the argmax after its last node. ``chain`` (every slot a chain: a
+    plain or chain step) takes the shorter chain form, the accepted prefix. No host read, no per-slot op.
+    """
+    batch, width = ids.shape
+    index = torch.arange(width, device=ids.device)  # (W,)
+    target = logits.argmax(dim=-1)  # (B, W) the target's token after each node
+    real = index[None, :] < counts[:, None]  # (B, W) padding and idle slots are never ok
+    if chain:
+        draft_ok = torch.cat([real[:, :1], ids[:, 1:] == target[:, :-1]], dim=1)  # (B, W) parent: the node before
+        kept = (draft_ok & real).long().cumprod(dim=1).sum(dim=1)  # (B,) the accepted prefix, root included
+        return _verdict(ids, target, index.expand(batch, width), kept)
+    strict = ancestors & (index[:, None] != index[None, :])  # (B, W, W) proper ancestors
+    parent = (strict.long() * index).amax(dim=-1)  # (B, W) the deepest proper ancestor (parents precede children)
+    node_ok = ((ids == target.gather(1, parent)) | (index == 0)) & real  # (B, W) the root is ok in a live slot
+    on_path = ~(ancestors & ~node_ok[:, None, :]).any(dim=-1)  # (B, W) the node and all its ancestors are ok
+    depth = ancestors.sum(dim=-1) - 1  # (B, W)
+    score = on_path.long() * ((depth + 1) * (width + 1) - index)  # (B, W) deeper wins, then the earlier index
+    best = score.argmax(dim=-1)  # (B,)
+    path = ancestors.gather(1, best[:, None, None].expand(batch, 1, width)).squeeze(1)  # (B, W) on best's path
+    kept = path.sum(dim=-1) * (counts > 0)  # (B,)
+    order = torch.where(path, index, index + width).argsort(dim=-1)  # (B, W) path nodes first, ascending
+    return _verdict(ids, target, torch.where(index[None, :] < kept[:, None], order, index), kept)
+
+
+def _verdict(ids: torch.Tensor, target: torch.Tensor, nodes: torch.Tensor, kept: torch.Tensor) -> BatchVerdict:
+    """The emitted tokens of accepted ``nodes`` ``(B, W)`` (the first ``kept`` ``(B,)``): their draft tokens, then
+    the target's token ``target`` ``(B, W)`` after the last one."""
+    index = torch.arange(ids.shape[1], device=ids.device)  # (W,)
+    last = nodes.gather(1, (kept - 1).clamp_min(0)[:, None])  # (B, 1)
+    drafted = ids.gather(1, torch.cat([nodes[:, 1:], nodes[:, :1]], dim=1))  # (B, W) column i: node i + 1's token
+    emitted = torch.where(index == kept[:, None] - 1, target.gather(1, last),
+                          torch.where(index < kept[:, None] - 1, drafted, 0))  # (B, W)
+    return BatchVerdict(kept=kept, nodes=nodes, emitted=emitted)
+
+
+class StepReadback:
+    """The one device-to-host transfer of a step: ``(B, 1 + W)`` [kept, emitted tokens], and with ``depths`` ``(B,)``
+    (each slot's deepest draft node, for trees drafted anew each step) one more column, copied without blocking
+    (into pinned memory on CUDA, an event recorded behind it), waited for at the first ``tokens()``."""
+
+    def __init__(self, verdict: BatchVerdict, depths: torch.Tensor | None = None):
+        parts = [verdict.kept[:, None], verdict.emitted] + ([] if depths is None else [depths[:, None]])
+        packed = torch.cat(parts, dim=1)  # (B, 1 + W) or (B, 2 + W)
+        self._width = verdict.emitted.shape[1]
+        self._depths: list[int] | None = None
+        self._event = None
+        if packed.device.type == "cuda":
+            self._host = torch.empty(packed.shape, dtype=packed.dtype, pin_memory=True)
+            self._host.copy_(packed, non_blocking=True)
+            self._event = torch.cuda.Event()
+            self._event.record()
+        else:
+            self._host = packed
+        self._tokens: list[list[int]] | None = None
+
+    def tokens(self) -> list[list[int]]:
+        """Per slot, the tokens it emits this step (empty for idle slots); the first call waits for the copy."""
+        if self._tokens is None:
+            if self._event is not None:
+                self._event.synchronize()
+            rows = self._host.tolist()
+            self._tokens = [row[1: 1 + row[0]] for row in rows]
+            if len(rows[0]) > 1 + self._width:
+                self._depths = [row[-1] for row in rows]
+        return self._tokens
+
+    def depths(self) -> list[int]:
+        """Per slot, the deepest node of its step's draft (0 idle), when the readback carried them."""
+        self.tokens()
+        if self._depths is None:
+            raise ValueError("this step's readback carried no depths: pass depths to read_step")
+        return self._depths
+
+
+def read_step(verdict: BatchVerdict, depths: torch.Tensor | None = None) -> StepReadback:
+    """Start the step's one device-to-host transfer (the function a test counts)."""
+    return StepReadback(verdict, depths)
 
 
 def rejection_chain_on_device(
@@ -61,4 +178,4 @@ def rejection_chain_on_device(
     return list(range(num_accepted + 1)), token, host_ids[1 : num_accepted + 1] + [token]
 
 
-__all__ = ["rejection_chain_on_device"]
+__all__ = ["BatchVerdict", "StepReadback", "read_step", "rejection_chain_on_device", "verify_batch_greedy"]
