@@ -195,6 +195,25 @@ def test_empty_draft_gives_the_argmax():
     assert check(Draft.chain(torch.empty(0, dtype=torch.long)), logits) == ([0], int(logits.argmax()), [int(logits.argmax())])
 
 
+@pytest.mark.parametrize("chain_form", [True, False], ids=["chain-form", "tree-form"])
+def test_a_plain_step_keeps_each_live_root_and_emits_its_argmax(chain_form):
+    """Width 1 (every slot verifies its root alone: plain decoding, or a step nobody drafted in): each live slot keeps
+    node 0 and emits the argmax after it, an idle slot keeps and emits nothing, as ``verify_greedy`` says per slot."""
+    gen = torch.Generator().manual_seed(7)
+    logits = torch.randn(5, 1, 11, generator=gen)  # (B, 1, V)
+    ids = torch.randint(0, 11, (5, 1), generator=gen)  # (B, 1) the roots
+    counts = torch.tensor([1, 1, 0, 1, 0])  # (B,) slots 2 and 4 idle
+    verdict = verify_batch_greedy(ids, logits, torch.ones(5, 1, 1, dtype=torch.bool), counts, chain=chain_form)
+    empty = Draft.chain(torch.empty(0, dtype=torch.long))
+    for b in range(5):
+        if counts[b]:
+            accepted, _, emitted = reference(empty, ids[b], logits[b])
+            assert (int(verdict.kept[b]), verdict.nodes[b].tolist(), verdict.emitted[b].tolist()) == (1, accepted, emitted)
+        else:
+            assert (int(verdict.kept[b]), verdict.nodes[b].tolist(), verdict.emitted[b].tolist()) == (0, [0], [0])
+    assert read_step(verdict).tokens() == [[int(logits[b, 0].argmax())] if counts[b] else [] for b in range(5)]
+
+
 HOST_READS = ("tolist", "item", "cpu", "numpy", "__bool__", "__int__", "__float__", "__index__")
 
 

@@ -128,9 +128,12 @@ class _History:
     def record(self, verdict: BatchVerdict, out) -> None:
         """Append each slot's emitted tokens, the hidden state after its path and its path's features."""
         _write_rows(self.tokens, self.lengths, verdict.emitted, verdict.kept)
-        hidden = out.hidden_states  # (B, W, H)
-        last = verdict.last_node()[:, None, None]  # (B, 1, 1)
-        self.hidden = hidden.gather(1, last.expand(-1, 1, hidden.shape[-1])).squeeze(1)  # (B, H) a new tensor
+        hidden = out.hidden_states  # (B, W, H) the verify's own tensor (a target hands out copies of graph outputs)
+        if hidden.shape[1] == 1:  # a plain step: every path ends at node 0
+            self.hidden = hidden[:, 0]  # (B, H)
+        else:
+            last = verdict.last_node()[:, None, None]  # (B, 1, 1)
+            self.hidden = hidden.gather(1, last.expand(-1, 1, hidden.shape[-1])).squeeze(1)  # (B, H)
         if self.features is not None:  # the accepted path's hidden states predicted the tokens emitted now
             source = out.aux_hidden_states if out.aux_hidden_states is not None else hidden  # (B, W, F)
             picked = source.gather(1, verdict.nodes[:, :, None].expand(-1, -1, source.shape[-1]))  # (B, W, F)

@@ -51,8 +51,11 @@ def verify_batch_greedy(ids: torch.Tensor, logits: torch.Tensor, ancestors: torc
     plain or chain step) takes the shorter chain form, the accepted prefix. No host read, no per-slot op.
     """
     batch, width = ids.shape
-    index = torch.arange(width, device=ids.device)  # (W,)
     target = logits.argmax(dim=-1)  # (B, W) the target's token after each node
+    if width == 1:  # a plain step: each live slot keeps its root and emits the argmax after it (2 ops, not ~15);
+        # kept is the step's counts tensor itself: a verdict is read, never written into
+        return BatchVerdict(kept=counts, nodes=torch.zeros_like(ids), emitted=torch.where(counts[:, None] > 0, target, 0))
+    index = torch.arange(width, device=ids.device)  # (W,)
     real = index[None, :] < counts[:, None]  # (B, W) padding and idle slots are never ok
     if chain:
         draft_ok = torch.cat([real[:, :1], ids[:, 1:] == target[:, :-1]], dim=1)  # (B, W) parent: the node before
