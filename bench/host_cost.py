@@ -1,0 +1,85 @@
+"""The decode loop's own cost per plain token, with the step graphs made free: the host work between replays.
+
+A tiny random Llama on the static engine at B slots, its step graphs "captured" by a stand-in whose replay does
+nothing (the outputs are the capture's), so a request's wall time is the loop's bookkeeping, input uploads,
+verification, history and commit ops and the readback, not the model. On a CPU each of those device ops runs in
+place of a GPU launch, so the figure tracks the launch count between replays (docs/engines.md#what-is-still-host-side);
+compare trees with it on one machine (bench/in_archive.py for another commit's tree).
+
+    python bench/host_cost.py [--new-tokens 200] [--batch-size 1] [--repeats 7] [--profile tottime]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from specbench.engine.decode import Decoder, GenerationConfig  # noqa: E402
+from specbench.engine.static_target import StaticTarget  # noqa: E402
+
+
+class _FreeReplay:
+    def replay(self) -> None:
+        """Nothing: the step's outputs stay what the capture wrote."""
+
+
+class FreeCapture:
+    """A GraphBackend whose graphs cost nothing to replay: the forward runs once, at capture."""
+
+    def capture(self, forward, inputs):
+        return _FreeReplay(), tuple(forward(inputs))
+
+    def release_pool(self) -> None:
+        pass
+
+
+def tiny_target(batch_size: int) -> StaticTarget:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024)
+    module = StaticTarget.from_hf_model(LlamaForCausalLM(config).eval(), cuda_graphs=False, compile=False).module
+    return StaticTarget(module, config, batch_size, max_context=1024, compile=False, graph_backend=FreeCapture(),
+                        prefill_graphs=False)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--new-tokens", type=int, default=200, help="max_new_tokens of every request (EOS ignored)")
+    parser.add_argument("--batch-size", type=int, default=1, help="slots, each with one 64-token prompt")
+    parser.add_argument("--repeats", type=int, default=7, help="timed runs after two warm-ups; the median is printed")
+    parser.add_argument("--profile", metavar="SORT", help="also cProfile five runs, sorted by SORT (tottime, cumulative)")
+    args = parser.parse_args(argv)
+    target = tiny_target(args.batch_size)
+    prompts = [torch.randint(0, 512, (64,), generator=torch.Generator().manual_seed(b)) for b in range(args.batch_size)]
+    config = GenerationConfig(max_new_tokens=args.new_tokens, ignore_eos=True)
+    run = lambda: Decoder(target, None, config).generate_all(prompts)  # noqa: E731
+    torch.set_num_threads(1)
+    run(), run()
+    times = []
+    for _ in range(args.repeats):
+        start = time.perf_counter()
+        run()
+        times.append((time.perf_counter() - start) / args.new_tokens)
+    if args.profile:
+        import cProfile
+        import pstats
+
+        profiler = cProfile.Profile()
+        profiler.runcall(lambda: [run() for _ in range(5)])
+        pstats.Stats(profiler).sort_stats(args.profile).print_stats(30)
+    print(f"loop cost per plain step, free replays, B = {args.batch_size}: {statistics.median(times) * 1e6:.1f} us "
+          f"(median of {args.repeats}; min {min(times) * 1e6:.1f} us)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
