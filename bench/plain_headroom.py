@@ -106,7 +106,7 @@ def _device_start(target, prompt: torch.Tensor, n: int) -> tuple[DeviceSteps, in
     first token and left uncommitted: the device steps commit by advancing the length, the first one this token."""
     first = _start(target, prompt, n)
     target.verify([SlotInput([first], [0])])
-    target._pending = None  # its K/V are rewritten by the first device step, from the same input
+    target._pending = False  # its K/V are rewritten by the first device step, from the same input
     steps = DeviceSteps(target, n)
     steps.buffers.ids.fill_(first)
     return steps, first

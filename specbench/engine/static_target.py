@@ -60,8 +60,8 @@ class StaticTarget:
         self._widths: dict[str, int] = {"plain": 1}
         self._buffers: dict[tuple[str, int], BatchBuffers] = {}  # (kind, width) -> its static inputs
         self._cache: StaticKVCache | None = None
-        self._pending: tuple[str, int, list[int]] | None = None  # (kind, width, nodes per slot, 0 for idle slots)
-        self._last_step: tuple | None = None  # the last verify's (kind, buffers, nodes per slot)
+        self._step: tuple[str, int, list[int]] | None = None  # the last verify's (kind, width, nodes per slot: 0 idle)
+        self._pending = False  # that verify is not committed yet
         self._device_counts: tuple | None = None  # (nodes per slot, the same (B,) on the device) last copied
         # compiled pointwise stages (and tuned one-row matmuls) by default on CUDA; ``ops`` shares another target's
         compile = self.device.type == "cuda" if compile is None else bool(compile)
@@ -142,7 +142,7 @@ class StaticTarget:
             self._cache = None  # free the old cache before allocating its successor
             self._cache = StaticKVCache(self.batch_size, s.num_layers, s.num_kv_heads, num_tokens, s.head_dim,
                                          dtype=self.dtype, device=self.device)
-            self._pending = None
+            self._pending = False
         if max_draft_tokens > 0:
             self._widths["chain"] = self._widths["tree"] = max_draft_tokens + 1
 
@@ -230,8 +230,7 @@ class StaticTarget:
         # attend over the longest slot's entries, rounded up to its span, not the whole cache (docs/batching.md)
         span = attention_span(max(self._cache.host_lengths) + width, self._cache.capacity)
         logits, hidden, aux = self._run(kind, width, span, buffers)  # (B * W, V), (B * W, H), (B * W, A * H) or None
-        self._pending = (kind, width, counts)
-        self._last_step = (kind, buffers, counts)
+        self._step, self._pending = (kind, width, counts), True
         self.verify_widths.setdefault(kind, Counter())[width] += 1
         copied = self.graphs.enabled  # the next replay overwrites the graph's outputs: hand out copies
         batch = self.batch_size
@@ -289,9 +288,10 @@ class StaticTarget:
 
     def verified_step(self) -> VerifiedStep:
         """The last verify's ids, ancestor masks, node counts and depths on the device (the counts in one async copy)."""
-        if self._last_step is None:
+        if self._step is None:
             raise ValueError("verified_step before any verify")
-        kind, buffers, counts = self._last_step
+        kind, width, counts = self._step
+        buffers = self._buffers[(kind, width)]
         if self._device_counts is None or self._device_counts[0] != counts:  # steady steps: the same counts
             self._device_counts = (counts, host_to_device(counts, self.device))  # (B,)
         return VerifiedStep(buffers.ids, buffers.tree, self._device_counts[1], buffers.depths, chain=kind != "tree")
@@ -300,7 +300,7 @@ class StaticTarget:
         """Refuse ``call`` before reserve() sized the cache, or between a verify and its commit."""
         if self._cache is None:
             raise ValueError(f"{call} before reserve(): size the batched cache first")
-        if self._pending is not None:
+        if self._pending:
             raise ValueError(f"{call} between a verify and its commit; call commit() first")
 
     def _width_for(self, kind: str, n: int) -> int:
@@ -326,9 +326,9 @@ class StaticTarget:
     def commit(self, accepted: list[list[int] | None]) -> None:
         """Keep each slot's ``accepted[b]`` nodes (ascending, root first; None for an idle slot) contiguously after
         its committed entries: a chain path advances the slot's length, any other path is gathered first."""
-        if self._pending is None:
+        if not self._pending:
             raise ValueError("commit without a verify to commit")
-        kind, width, counts = self._pending
+        kind, width, counts = self._step
         if len(accepted) != self.batch_size:
             raise ValueError(f"commit takes one entry per slot ({self.batch_size}), got {len(accepted)}")
         kept = []
@@ -352,10 +352,10 @@ class StaticTarget:
         ``(B, P)`` each slot's accepted nodes ascending then the identity (None: every path is a prefix, nothing
         moves; P >= the longest path). The device work is queued first, then ``host_kept()`` (the host's list of
         ``kept``, e.g. the step's readback) advances the host mirror of the lengths."""
-        if self._pending is None:
+        if not self._pending:
             raise ValueError("commit without a verify to commit")
         if source is not None:
             self._cache.gather_new(source)  # (B, P)
         self._cache.advance_device(kept)
         self._cache.mirror_advance(host_kept())
-        self._pending = None
+        self._pending = False
