@@ -18,6 +18,7 @@ export SPECBENCH_DATA_DIR=${SPECBENCH_DATA_DIR:-$PWD/.ab/data} HF_HUB_OFFLINE=1 
 synth7=${SPECBENCH_SYNTH_DIR:-/tmp/specbench-synth-7b}
 synth1=${SPECBENCH_SYNTH_1B_DIR:-/tmp/specbench-synth-1b}
 mkdir -p "$out"
+out=$(cd "$out" && pwd)  # absolute: the base's runs write it from inside their unpacked tree
 nvidia-smi --query-gpu=name,serial --format=csv,noheader > "$out/machine.txt" 2>&1
 [[ -f $synth7/synth_record.json ]] || PYTHONPATH=$PWD python3 -m specbench.cli zoo synth "$synth7" --device cuda > "$out/synth_7b.log" 2>&1
 [[ -f $synth1/synth_record.json ]] || PYTHONPATH=$PWD python3 -m specbench.cli zoo synth "$synth1" --shape 1b --device cuda > "$out/synth_1b.log" 2>&1

@@ -1,8 +1,9 @@
 """The decode loop's own cost per plain token, with the step graphs made free: the host work between replays.
 
 A tiny random Llama on the static engine at B slots, its step graphs "captured" by a stand-in whose replay does
-nothing (the outputs are the capture's), so a request's wall time is the loop's bookkeeping, input uploads,
-verification, history and commit ops and the readback, not the model. On a CPU each of those device ops runs in
+nothing (the outputs are the capture's), so a step's wall time (the loop's ``RunStats.step_s`` over its steps:
+admissions and prefills left out) is the loop's bookkeeping, input uploads, verification, history and commit ops
+and the readback, not the model. On a CPU each of those device ops runs in
 place of a GPU launch, so the figure tracks the launch count between replays (docs/engines.md#what-is-still-host-side);
 compare trees with it on one machine (bench/in_archive.py for another commit's tree).
 
@@ -14,7 +15,6 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -22,6 +22,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from specbench.engine.decode import Decoder, GenerationConfig  # noqa: E402
+from specbench.checkpoints.tiny import tiny_llama  # noqa: E402
 from specbench.engine.static_target import StaticTarget  # noqa: E402
 
 
@@ -41,14 +42,8 @@ class FreeCapture:
 
 
 def tiny_target(batch_size: int) -> StaticTarget:
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024)
-    module = StaticTarget.from_hf_model(LlamaForCausalLM(config).eval(), cuda_graphs=False, compile=False).module
-    return StaticTarget(module, config, batch_size, max_context=1024, compile=False, graph_backend=FreeCapture(),
-                        prefill_graphs=False)
+    return StaticTarget.from_hf_model(tiny_llama(seed=0, vocab_size=512), batch_size=batch_size, compile=False,
+                                      graph_backend=FreeCapture(), prefill_graphs=False)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -61,14 +56,14 @@ def main(argv: list[str] | None = None) -> int:
     target = tiny_target(args.batch_size)
     prompts = [torch.randint(0, 512, (64,), generator=torch.Generator().manual_seed(b)) for b in range(args.batch_size)]
     config = GenerationConfig(max_new_tokens=args.new_tokens, ignore_eos=True)
-    run = lambda: Decoder(target, None, config).generate_all(prompts)  # noqa: E731
+    decoder = Decoder(target, None, config)
+    run = lambda: decoder.generate_all(prompts)  # noqa: E731
     torch.set_num_threads(1)
     run(), run()
     times = []
     for _ in range(args.repeats):
-        start = time.perf_counter()
         run()
-        times.append((time.perf_counter() - start) / args.new_tokens)
+        times.append(decoder.stats.step_s / decoder.stats.num_steps)  # the steps alone: no admission, no prefill
     if args.profile:
         import cProfile
         import pstats

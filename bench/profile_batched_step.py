@@ -45,7 +45,6 @@ PHASES = (
     ("forward", "graphs", "run"),
     ("verify", "module", "verify_batch"),
     ("readback", "module", "read_step"),
-    ("commit", "target", "commit"),
     ("commit", "target", "commit_accepted"),
     ("history", "history", "record"),
     ("advance", "decoder", "_record"),

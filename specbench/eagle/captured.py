@@ -66,7 +66,6 @@ class CapturedHead:
         self.buffers: dict[tuple[str, int], HeadStepBuffers] = {}
         self._kv: torch.Tensor | None = None  # the cache tensor the graphs were captured over
         self._entries: torch.Tensor | None = None  # (S,)
-        self._widest = (0, 0)  # the host's max over slots of START + count and of COMMITTED
         self.prepared_over: torch.Tensor | None = None  # the cache tensor whose graphs the proposer prepared
 
     @property
@@ -76,7 +75,7 @@ class CapturedHead:
     def set_slots(self, starts: list[int], counts: list[int], committed: list[int]) -> None:
         """Each slot's catch-up start and row count and its committed entries after it, for this propose's steps."""
         self.slots.copy_(host_to_device([starts, [n - 1 for n in counts], committed], self.slots.device))  # (3, B)
-        self._widest = (max(s + n for s, n in zip(starts, counts)), max(committed))  # the last live entries
+        self.reserve(max(committed) + self.expansion_slots)  # every row this propose writes: catch-up, then draft
 
     def catch_up(self, parts: list[tuple[int, torch.Tensor, torch.Tensor]], width: int, *,
                  replayable: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -85,7 +84,6 @@ class CapturedHead:
         output ``(B, H)`` and logits ``(B, V)`` (its last live row's; idle rows: anything). ``replayable``: a step's
         catch-up, run as its (catch-up, W) step (a graph replay when graphs are on); else once, eagerly over
         buffers of its own (a request's first: its prompt, a new width each)."""
-        self.reserve(self._widest[0])
         feature_width, kv = parts[0][2].shape[-1], self.cache.kv
         if replayable:
             buffers = self._buffers(CATCH_UP, width, feature_width, width)
@@ -109,7 +107,6 @@ class CapturedHead:
         begin = sees.shape[-1] - width  # draft nodes written before these
         if sees.shape[-1] > self.expansion_slots:
             raise ValueError(f"an expansion sees {sees.shape[-1]} draft nodes; the step holds {self.expansion_slots}")
-        self.reserve(self._widest[1] + begin + width)
         buffers = self._buffers(EXPAND, width, features.shape[-1], self.expansion_slots)
         buffers.block[:, :, : sees.shape[-1]].copy_(sees)  # columns beyond begin + W are masked inside the step
         buffers.tokens.copy_(tokens)

@@ -180,7 +180,7 @@ class EagleHead(nn.Module):
         matmul each (the named weights become views), fp32 rotary frequencies. Forward calls it when needed."""
         self.requires_grad_(False)
         with torch.no_grad():
-            self.layers[0].fuse()
+            self.layer.fuse()
         self.inv_freq = rope_inv_freq(self.shape).to(self.fc.weight.device)  # (D/2,)
         return self.eval()
 

@@ -97,14 +97,6 @@ class Eagle3Head(EagleHead):
             self.d2t = self.t2d = None
         self.inv_freq = rope_inv_freq(self.shape)  # (D/2,) fp32 plain attribute
 
-    def prepare(self) -> "Eagle3Head":
-        """As EagleHead.prepare, for the midlayer."""
-        self.requires_grad_(False)
-        with torch.no_grad():
-            self.midlayer.fuse()
-        self.inv_freq = rope_inv_freq(self.shape).to(self.fc.weight.device)  # (D/2,)
-        return self.eval()
-
     def draft_to_target(self) -> torch.Tensor:
         """(Vd,) the target id of each draft id."""
         ids = torch.arange(self.config.draft_vocab_size, device=self.lm_head.weight.device)

@@ -84,15 +84,20 @@ class TreeBuffers:
                 f"{self._label()} needs top-{self.top_k} candidates from {self.max_depth} heads, got a "
                 f"({heads}, {k}) table"
             )
-        table = topk_tokens[: self.max_depth, : self.top_k].reshape(-1)  # (max_depth * top_k,)
         return Draft(
-            tokens=table[self.candidate_indices.to(table.device)].long(),
-            parents=self.parents.to(table.device),
+            tokens=self.place(topk_tokens).long(),
+            parents=self.parents.to(topk_tokens.device),
             precomputed_depths=self.depths,
             precomputed_tree_mask=self.tree_mask,
             precomputed_is_chain=self.is_chain,
             precomputed_depth=self.max_depth,
         )
+
+    def place(self, topk_tokens: torch.Tensor) -> torch.Tensor:
+        """``(..., heads, k)`` per-head candidates (best first) -> ``(..., N)`` each node's token, for any leading dims
+        (one draft, or every slot's)."""
+        table = topk_tokens[..., : self.max_depth, : self.top_k].flatten(-2)  # (..., max_depth * top_k)
+        return table[..., self.candidate_indices.to(table.device)]  # (..., N)
 
     def to(self, device: torch.device | str) -> "TreeBuffers":
         tensors = ("tree_mask", "depths", "parents", "head_indices", "ranks", "candidate_indices", "retrieve_indices")

@@ -36,8 +36,9 @@ class DraftModelProposer(SlotProposer):
         self.draft, self.k, self.temperature, self.seed, self.source = draft, num_speculative_tokens, float(temperature), seed, source
         batch = draft.batch_size
         self.generators = [torch.Generator(device=draft.device) for _ in range(batch)]  # each slot's draft sampling
-        self._anchor = [0] * batch  # per slot: history positions below it are in the draft cache and final
-        self._fed = [0] * batch  # per slot: draft tokens fed beyond the anchor last time (maybe rejected)
+        # per slot: history positions below it are in the draft cache and final; beyond it the cache holds the K - 1
+        # draft tokens the last propose fed (maybe rejected)
+        self._anchor = [0] * batch
         self._rows = torch.arange(batch, device=draft.device)  # (B,)
         self._template = Draft.chain(torch.zeros(num_speculative_tokens, dtype=torch.long, device=draft.device))
 
@@ -101,7 +102,7 @@ class DraftModelProposer(SlotProposer):
     def _reset(self, slot: int) -> None:
         if self._anchor[slot]:  # the slot holds draft cache entries: free them (its idle padding stays inside)
             self.draft.release(slot)
-        self._anchor[slot], self._fed[slot] = 0, 0
+        self._anchor[slot] = 0
 
     @torch.inference_mode()
     def propose(self, states: dict[int, ProposerState]) -> dict[int, Draft | None]:
@@ -122,7 +123,6 @@ class DraftModelProposer(SlotProposer):
         tokens = torch.stack([token for token, _ in picks], dim=1)  # (B, K)
         drafts = {}
         for slot in states:
-            self._fed[slot] = self.k - 1
             drafts[slot] = self._template.with_tokens(tokens[slot])
             if self.temperature > 0:
                 drafts[slot].draft_probs = torch.stack([probs[slot] for _, probs in picks])  # (K, V)
@@ -147,7 +147,7 @@ class DraftModelProposer(SlotProposer):
         inputs: list[SlotInput | None] = [None] * batch
         truncate, prefilled = {}, {}
         for slot, state in states.items():
-            length, anchor, fed = state.token_ids.numel(), self._anchor[slot], self._fed[slot]  # host-known
+            length, anchor, fed = state.token_ids.numel(), self._anchor[slot], self.k - 1  # host-known
             if anchor == 0 or anchor > length:  # a new request (or a shorter history): start over
                 prefilled[slot] = draft.prefill(slot, state.token_ids).logits[-1]  # (V,)
             else:
@@ -156,7 +156,7 @@ class DraftModelProposer(SlotProposer):
                     truncate[slot] = keep
                 new = state.token_ids[keep:]  # (n,) n >= 1, device-held
                 inputs[slot] = SlotInput([], list(range(new.numel())), tail=new)
-            self._anchor[slot], self._fed[slot] = length, 0
+            self._anchor[slot] = length
         if all(x is None for x in inputs):  # every active slot was prefilled
             logits = torch.zeros(batch, draft.vocab_size, device=draft.device)  # (B, V)
         else:

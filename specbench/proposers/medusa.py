@@ -64,10 +64,8 @@ class MedusaProposer(SlotProposer):
         device = next(heads.parameters()).device
         if self.tree is not None:
             self.tree = self.tree.to(device)
-        self._candidates = None if self.tree is None else self.tree.candidate_indices.to(device)  # (N,)
         # every slot's draft shape, computed once: each propose hands out copies with the slot's tokens
         self._template = self.draft_from_logits(torch.zeros(depth, heads.config.vocab_size, device=device))
-        self._template.depths(), self._template.depth(), self._template.is_chain
 
     @classmethod
     def from_options(
@@ -134,8 +132,7 @@ class MedusaProposer(SlotProposer):
         if self.tree is None:
             return head_logits.argmax(dim=-1).T  # (n, K)
         topk = head_logits.topk(self.tree.top_k, dim=-1).indices  # (depth, n, top_k), best first
-        table = topk[: self.tree.max_depth].permute(1, 0, 2).reshape(topk.shape[1], -1)  # (n, max_depth * top_k)
-        return table[:, self._candidates]  # (n, N)
+        return self.tree.place(topk.transpose(0, 1))  # (n, N)
 
     @torch.inference_mode()
     def propose(self, states: dict[int, ProposerState]) -> dict[int, Draft | None]:

@@ -100,7 +100,9 @@ def weight_shapes(*modules: torch.nn.Module | None) -> set[tuple[int, ...]]:
 
 
 def case_modules(target, proposer) -> list:
-    """The modules a case runs: its target's, and its proposer's draft model, Medusa heads or EAGLE head."""
+    """The modules a case runs: its target's, and its proposer's draft model, Medusa heads or EAGLE head (inside a
+    tensor-parallel run's rank-0 wrapper too)."""
+    proposer = getattr(proposer, "inner", proposer)
     draft = getattr(proposer, "draft", None)
     return [getattr(target, "module", None), getattr(draft, "module", None), getattr(proposer, "heads", None),
             getattr(proposer, "head", None)]
