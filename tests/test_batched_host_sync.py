@@ -78,9 +78,28 @@ def test_each_greedy_step_reads_the_device_once_whatever_the_batch_size(tiny, ea
     for batch_size in (1, 4, 7):
         batched, decoder, steps = counted_run(static, proposer_for, prompts, config, batch_size, monkeypatch)
         assert_each_request_as_alone(batched, alone)
-        assert len(steps) == decoder.stats.num_steps > 0
-        assert set(steps) == {(1, 1)}, (batch_size, steps)  # one host read (the readback) per step, at every B
+        if label == "plain":  # greedy plain steps go in blocks read once, without a step readback (_plain_steps)
+            assert len(steps) < decoder.stats.num_steps <= decoder.plain_steps_per_read * len(steps)
+            assert set(steps) == {(1, 0)}, (batch_size, steps)
+        else:
+            assert len(steps) == decoder.stats.num_steps > 0
+            assert set(steps) == {(1, 1)}, (batch_size, steps)  # one host read (the readback) per step, at every B
         assert max(decoder.stats.active_per_step) == min(batch_size, len(prompts))
+
+
+@pytest.mark.parametrize("block", [1, 3])
+def test_plain_blocks_of_any_size_decode_as_alone(tiny, eager, block):
+    """Greedy plain steps queued in blocks: requests ending by EOS or max_new_tokens inside a block end there, at
+    every B; a block of one step is the loop's step-by-step form."""
+    static, _, prompts = tiny
+    eos = eos_mid_run(eager, prompts, 16)
+    config = GenerationConfig(max_new_tokens=16, eos_token_ids=(eos,))
+    alone = [Decoder(eager, None, config).generate(p) for p in prompts]
+    for batch_size in (1, 4):
+        decoder = Decoder(static.with_batch_size(batch_size), None, config)
+        decoder.plain_steps_per_read = block
+        assert_each_request_as_alone(decoder.generate_all(prompts), alone)
+        assert decoder.stats.step_tokens == sum(len(r.output_token_ids) - 1 for r in alone)
 
 
 def test_the_counter_sees_per_slot_reads(tiny, monkeypatch):
@@ -97,7 +116,7 @@ def test_the_counter_sees_per_slot_reads(tiny, monkeypatch):
         return verify_batch_greedy(ids, logits, ancestors, counts, chain=chain)
 
     monkeypatch.setattr(decode_module, "verify_batch", per_slot)
-    _, decoder, steps = counted_run(static, tiny_proposers(heads)["plain"], prompts[:4], config, 4, monkeypatch)
+    _, decoder, steps = counted_run(static, tiny_proposers(heads)["medusa-chain"], prompts[:4], config, 4, monkeypatch)
     assert [reads for reads, _ in steps] == [2 + active for active in decoder.stats.active_per_step]
 
 

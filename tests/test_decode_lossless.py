@@ -75,6 +75,8 @@ def test_matches_transformers_generate(tiny_model, tiny_target):
     for seed in range(3):
         prompt = repetitive_prompt(seed)
         reference = tiny_model.generate(prompt[None], max_new_tokens=MAX_NEW, do_sample=False)[0, prompt.numel() :]
+        plain = Decoder(tiny_target, None, GenerationConfig(max_new_tokens=MAX_NEW)).generate(prompt)
+        assert plain.output_token_ids == reference.tolist()  # plain steps in blocks, each fed on the device
         for k in (1, 3, 5):
             lookup = tiny_model.generate(
                 prompt[None], max_new_tokens=MAX_NEW, do_sample=False, prompt_lookup_num_tokens=k

@@ -161,6 +161,7 @@ class Decoder:
             proposer = for_batch(proposer, target.batch_size)
         self.target, self.proposer, self.config = target, proposer, config
         self.stats = RunStats()
+        self.plain_steps_per_read = 8  # greedy plain steps queued between host reads (docs/engines.md)
         self._depth_lists: dict[int, tuple[torch.Tensor, list[int]]] = {}  # id -> (a tree's depths, as a list)
 
     def prepare(self, prompts: list[torch.Tensor]) -> None:
@@ -256,10 +257,7 @@ class Decoder:
         admitted_at = time.perf_counter()
         on_device = [p.to(device) for p in prompts]
         prefills = self.target.prefill_many(free, on_device)
-        generators = []
-        for seed in seeds:
-            generators.append(torch.Generator(device=device))
-            generators[-1].manual_seed(seed)
+        generators = [torch.Generator(device=device).manual_seed(seed) for seed in seeds]
         if verifies_greedily(self.config.sampling):  # every first token in one read
             firsts = torch.cat([out.logits for out in prefills]).argmax(dim=-1).tolist()  # (n,)
         else:
@@ -288,6 +286,8 @@ class Decoder:
     def _step(self, slots: list[_Slot | None], active: list[int]) -> None:
         """Propose for every active slot, verify all slots in one forward, verify all slots at once (greedy) and
         commit on the device; the host reads the step's outcome once, then does its per-request bookkeeping."""
+        if self.proposer is None and verifies_greedily(self.config.sampling):
+            return self._plain_steps(slots, active)
         drafts = self._propose(slots, active)
         inputs: list[SlotInput | None] = [None] * len(slots)
         for b in active:
@@ -315,6 +315,33 @@ class Decoder:
         tokens = emitted()
         for b in active:
             self.stats.step_tokens += self._record(slots[b], drafts[b], tokens[b])
+
+    def _plain_steps(self, slots: list[_Slot | None], active: list[int]) -> None:
+        """Greedy plain decoding, up to ``plain_steps_per_read`` steps per host read: every live slot keeps its one
+        node, so the lengths are known without a read, and each step's root is the last step's token, taken from the
+        device history; the host queues the steps back to back and reads their tokens once (docs/engines.md#plain-
+        steps-queued-ahead). A request that ends inside the block ends there: its slot's later tokens are dropped."""
+        left = [self.config.max_new_tokens - len(slots[b].emitted) for b in active]
+        steps, history = min(self.plain_steps_per_read, *left), self._history
+        history.ensure(max(slots[b].length for b in active) + steps)
+        kept = [int(s is not None) for s in slots]  # (B,) what every step keeps per slot
+        columns = []
+        for i in range(steps):
+            inputs = [None if s is None else SlotInput(history.tokens[b, s.length + i - 1: s.length + i], [0])
+                      for b, s in enumerate(slots)]  # each root: (1,) on the device
+            out = self.target.verify(inputs)  # logits (B, 1, V), hidden (B, 1, H)
+            step = self.target.verified_step()
+            verdict = verify_batch(step.ids, out.logits, step.ancestors, step.counts, chain=True)
+            history.record(verdict, out)
+            self.target.commit_accepted(verdict.kept, None, lambda: kept)
+            columns.append(verdict.emitted[:, 0])  # (B,)
+        tokens = torch.stack(columns, dim=1).tolist()  # (B, steps): the block's one device-to-host transfer
+        self.stats.num_steps += steps
+        self.stats.active_per_step += [len(active)] * steps
+        for b in active:
+            for token in tokens[b]:
+                if not slots[b].finished:
+                    self.stats.step_tokens += self._record(slots[b], _EMPTY_DRAFT, [token])
 
     def _host_depths(self, depths: torch.Tensor) -> list[int]:
         """A tree's depths ``(N + 1,)`` as a host list, read once per depths tensor: a static tree (Medusa) hands

@@ -175,9 +175,7 @@ def rejection_chain_on_device(
     vocab = torch.arange(dist.numel(), device=device)
     last_positive = torch.where(dist > 0, vocab, 0).max().reshape(1)  # (1,) guards u * total rounding to total
     next_token = torch.minimum(index, last_positive)  # (1,)
-    values = torch.cat([accepted, next_token, verify_ids]).tolist()  # (K + 3,) the one host transfer
-    num_accepted, token = values[0], values[1]
-    host_ids = values[2:]
+    num_accepted, token, *host_ids = torch.cat([accepted, next_token, verify_ids]).tolist()  # (K + 3,) the one read
     return list(range(num_accepted + 1)), token, host_ids[1 : num_accepted + 1] + [token]
 
 

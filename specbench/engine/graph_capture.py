@@ -1,4 +1,4 @@
-"""CUDA-graph capture of fixed-shape verify steps, shared by StaticTarget and StaticTarget (docs/engines.md)."""
+"""CUDA-graph capture of fixed-shape verify steps, shared by the static target's steps and its prefills (docs/engines.md)."""
 
 from __future__ import annotations
 

@@ -93,7 +93,6 @@ class CapturedPrefill:
         return TargetOutput(logits=logits.clone(), hidden_states=hidden[:length].clone(),
                             aux_hidden_states=None if aux is None else aux[:length].clone())
 
-
     def _buffers_for(self, width: int, kv: torch.Tensor) -> _PrefillBuffers:
         """The bucket's static inputs and scratch cache, allocated at its first prompt."""
         if width not in self._buffers:

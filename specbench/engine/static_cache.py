@@ -18,13 +18,13 @@ def free_device_bytes(device: torch.device) -> int | None:
 
 
 def check_cache_fits(batch_size: int, num_layers: int, num_kv_heads: int, capacity: int, head_dim: int,
-                     dtype: torch.dtype, device: torch.device, *, extra_bytes: int = 0) -> None:
-    """Raise before allocating when a batched cache (plus ``extra_bytes`` not yet resident) exceeds free memory."""
+                     dtype: torch.dtype, device: torch.device) -> None:
+    """Raise before allocating when a batched cache exceeds free memory."""
     per_slot = num_layers * 2 * num_kv_heads * head_dim * capacity * torch.empty((), dtype=dtype).element_size()
-    needed = batch_size * per_slot + extra_bytes
+    needed = batch_size * per_slot
     available = free_device_bytes(device)
     if available is not None and needed > available:
-        fits = max(0, (available - extra_bytes) // per_slot)
+        fits = available // per_slot
         raise MemoryError(
             f"batch_size {batch_size} needs a static KV cache of {needed} bytes ({batch_size} slots x {num_layers} "
             f"layers x 2 x {num_kv_heads} kv heads x {head_dim} head_dim x {capacity} positions x "
@@ -88,14 +88,12 @@ class StaticKVCache:
         self.lengths[slot] += count
         self.host_lengths[slot] += count
 
-    def advance_device(self, counts: torch.Tensor) -> None:
-        """Advance every slot's length by its own ``counts[b]`` (``(B,)`` on the device, 0 for idle slots), in one
-        device op; ``mirror_advance`` must follow with the same counts."""
+    def advance(self, counts: torch.Tensor, host_counts) -> None:
+        """Advance every slot's length by its own ``counts[b]`` (``(B,)`` on the device, 0 for idle slots) in one
+        device op, queued first; then the host mirror by ``host_counts()``, the same counts as a host list (which
+        may wait for the step's readback)."""
         self.lengths.add_(counts)  # (B,)
-
-    def mirror_advance(self, counts: list[int]) -> None:
-        """The host half of ``advance``: the same counts, known on the host (after the step's readback)."""
-        self.host_lengths = [n + c for n, c in zip(self.host_lengths, counts)]
+        self.host_lengths = [n + c for n, c in zip(self.host_lengths, host_counts())]
 
     def new_slots(self, width: int) -> torch.Tensor:
         """(B, W) the cache positions each slot's verify input of ``width`` nodes goes to: right after its live ones."""

@@ -233,7 +233,6 @@ class FusedLinear(nn.Module):
         self.weight, self.bias = weight, bias  # plain attributes: the parts' parameters are the state dict
 
 
-
 class MLP(PartialSumOutput, nn.Module):
     def __init__(self, s: LlamaShape):
         super().__init__()

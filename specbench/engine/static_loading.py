@@ -38,4 +38,3 @@ def module_from_pretrained(ref, *, dtype: torch.dtype, device) -> tuple[StaticLl
     check_finite(module.named_parameters(), str(directory), "parameter",
                  "the weights are corrupt or the model diverged: re-download or re-export it")
     return module, config, str(directory)
-

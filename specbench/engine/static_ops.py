@@ -21,7 +21,6 @@ import torch
 import torch.nn.functional as F
 
 
-
 def rotary_tables(inv_freq: torch.Tensor, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """cos, sin ``(W, D)`` for ``positions`` ``(W,)``, computed in fp32 on the fly (shape-stable, no table to outgrow)."""
     freqs = positions.float()[:, None] * inv_freq[None, :]  # (W, D/2)
@@ -106,10 +105,8 @@ def compiled_ops(*, autotune_gemv: bool = False) -> StepOps:
     docs/engines.md). Wider verify steps keep cuBLAS,
     which autotuning did not beat there; tuning costs ~25 s of capture time per model shape."""
 
-    def fused(fn: Callable) -> Callable:
-        return torch.compile(fn, fullgraph=True, dynamic=None)
-
-    return StepOps(*(fused(f) for f in STAGES), linear=_autotuned_gemv() if autotune_gemv else F.linear, compiled=True)
+    return StepOps(*(torch.compile(f, fullgraph=True, dynamic=None) for f in STAGES),
+                   linear=_autotuned_gemv() if autotune_gemv else F.linear, compiled=True)
 
 
 @functools.cache

@@ -356,6 +356,5 @@ class StaticTarget:
             raise ValueError("commit without a verify to commit")
         if source is not None:
             self._cache.gather_new(source)  # (B, P)
-        self._cache.advance_device(kept)
-        self._cache.mirror_advance(host_kept())
+        self._cache.advance(kept, host_kept)
         self._pending = False

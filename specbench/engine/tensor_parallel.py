@@ -14,7 +14,6 @@ fused weights, never through ``nn.Linear.forward``, so ``parallelize_module``'s 
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
 from functools import partial
 
 import torch
@@ -29,15 +28,6 @@ from specbench.engine.static_target import StaticTarget
 
 class NotShardable(ValueError):
     """A model whose heads or MLP width do not divide over the requested tensor-parallel size."""
-
-
-@dataclass(frozen=True)
-class TensorParallelInfo:
-    """What a sharded module records about its sharding: the group's size, this rank, the unsharded shape."""
-
-    world_size: int
-    rank: int
-    full_shape: LlamaShape
 
 
 def check_shardable(shape: LlamaShape, world_size: int) -> None:
@@ -74,31 +64,26 @@ def default_mesh() -> DeviceMesh:
     return init_device_mesh(device_type, (dist.get_world_size(),), mesh_dim_names=("tp",))
 
 
-def _shard(tensor: torch.Tensor, mesh: DeviceMesh, dim: int) -> torch.Tensor:
-    """This rank's contiguous 1/N of ``tensor`` along ``dim``, cut from rank 0's copy."""
+def _placed(tensor: torch.Tensor, mesh: DeviceMesh, placement: Shard | Replicate) -> nn.Parameter:
+    """This rank's part of ``tensor`` cut from rank 0's copy: a contiguous 1/N along a ``Shard``'s dim, or the whole
+    tensor (``Replicate``: the same bits on every rank), as a frozen parameter."""
     source = tensor.detach().to(mesh.device_type).contiguous()
-    local = distribute_tensor(source, mesh, [Shard(dim)], src_data_rank=0).to_local()
-    return local.to(tensor.device).contiguous()
-
-
-def _replicate(tensor: torch.Tensor, mesh: DeviceMesh) -> torch.Tensor:
-    """Rank 0's copy of a replicated tensor on every rank (the weights are then the same bits everywhere)."""
-    source = tensor.detach().to(mesh.device_type).contiguous()
-    return distribute_tensor(source, mesh, [Replicate()], src_data_rank=0).to_local().to(tensor.device)
+    local = distribute_tensor(source, mesh, [placement], src_data_rank=0).to_local()
+    return nn.Parameter(local.to(tensor.device).contiguous(), requires_grad=False)
 
 
 def _column_parallel(linear: nn.Linear, mesh: DeviceMesh) -> None:
     """Keep this rank's output rows (weight ``(out / N, in)``, bias ``(out / N,)``)."""
-    linear.weight = nn.Parameter(_shard(linear.weight, mesh, 0), requires_grad=False)
+    linear.weight = _placed(linear.weight, mesh, Shard(0))
     if linear.bias is not None:
-        linear.bias = nn.Parameter(_shard(linear.bias, mesh, 0), requires_grad=False)
+        linear.bias = _placed(linear.bias, mesh, Shard(0))
     linear.out_features = linear.weight.shape[0]
 
 
 def _row_parallel(linear: nn.Linear, mesh: DeviceMesh) -> None:
     """Keep this rank's input columns (weight ``(out, in / N)``); the bias is added once, by rank 0, so the
     all-reduced sum carries it exactly once."""
-    linear.weight = nn.Parameter(_shard(linear.weight, mesh, 1), requires_grad=False)
+    linear.weight = _placed(linear.weight, mesh, Shard(1))
     if linear.bias is not None and mesh.get_local_rank() != 0:
         linear.bias = None
     linear.in_features = linear.weight.shape[1]
@@ -130,31 +115,31 @@ def _shard_mlp(mlp: MLP, mesh: DeviceMesh) -> None:
 def _replicate_rest(module: StaticLlamaForCausalLM, mesh: DeviceMesh) -> None:
     """Embeddings, norms and lm_head: rank 0's values on every rank (one tensor when tied)."""
     embed = module.model.embed_tokens
-    embed.weight = nn.Parameter(_replicate(embed.weight, mesh), requires_grad=False)
+    embed.weight = _placed(embed.weight, mesh, Replicate())
     if module.shape.tie_word_embeddings:
         module.lm_head.weight = embed.weight
     else:
-        module.lm_head.weight = nn.Parameter(_replicate(module.lm_head.weight, mesh), requires_grad=False)
+        module.lm_head.weight = _placed(module.lm_head.weight, mesh, Replicate())
     norms = [module.model.norm] + [n for layer in module.model.layers
                                    for n in (layer.input_layernorm, layer.post_attention_layernorm)]
     for norm in norms:
-        norm.weight = nn.Parameter(_replicate(norm.weight, mesh), requires_grad=False)
+        norm.weight = _placed(norm.weight, mesh, Replicate())
 
 
 def shard_static_llama(module: StaticLlamaForCausalLM, mesh: DeviceMesh | None = None) -> StaticLlamaForCausalLM:
     """Shard ``module`` in place over ``mesh`` (1-D; default: the whole default process group) and return it.
     Every rank must call this with the same (loaded) module; afterwards ``module.shape`` is the local shape."""
     mesh = default_mesh() if mesh is None else mesh
-    world_size, full = mesh.size(), module.shape
-    check_shardable(full, world_size)
+    world_size = mesh.size()
+    local = local_shape(module.shape, world_size)  # refuses sizes that do not divide
     if getattr(module, "tensor_parallel", None) is not None:
-        raise ValueError(f"the module is already sharded over {module.tensor_parallel.world_size} ranks")
+        raise ValueError(f"the module is already sharded over {module.tensor_parallel} ranks")
     for layer in module.model.layers:
         _shard_attention(layer.self_attn, mesh, world_size)
         _shard_mlp(layer.mlp, mesh)
     _replicate_rest(module, mesh)
-    module.shape = local_shape(full, world_size)
-    module.tensor_parallel = TensorParallelInfo(world_size, mesh.get_local_rank(), full)
+    module.shape = local
+    module.tensor_parallel = world_size  # ranks it is sharded over
     return module
 
 
@@ -175,11 +160,3 @@ class TensorParallelStaticTarget(StaticTarget):
         target = super().from_hf_model(model, max_context, **options)
         shard_static_llama(target.module, mesh)
         return target
-
-    @property
-    def world_size(self) -> int:
-        return self.module.tensor_parallel.world_size
-
-    @property
-    def rank(self) -> int:
-        return self.module.tensor_parallel.rank

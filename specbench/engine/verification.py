@@ -125,15 +125,12 @@ def verifies_greedily(params: SamplingParams) -> bool:
 def verify(
     draft: Draft, logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None
 ) -> Verdict:
-    """Apply the rule ``params`` selects."""
-    rule = params.rule
+    """Apply the rule ``params`` selects (``SamplingParams`` admits greedy, rejection and typical only)."""
     if verifies_greedily(params):
         return verify_greedy(draft, logits)
-    if rule == "rejection":
+    if params.rule == "rejection":
         return verify_rejection(draft, logits, params, generator)
-    if rule == "typical":
-        return verify_typical(draft, logits, params, generator)
-    raise ValueError(f"unknown acceptance rule {rule!r}")
+    return verify_typical(draft, logits, params, generator)
 
 
 __all__ = ["Verdict", "verifies_greedily", "verify", "verify_greedy", "verify_rejection", "verify_typical"]

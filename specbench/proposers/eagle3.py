@@ -54,9 +54,7 @@ class Eagle3Proposer(EagleProposer):
         return proposer
 
     def describe(self) -> dict:
-        settings = super().describe()
-        settings.update(draft_vocab_size=self.head.config.draft_vocab_size)
-        return settings
+        return {**super().describe(), "draft_vocab_size": self.head.config.draft_vocab_size}
 
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """(R, V) fp32 over the target's ids: the draft vocabulary's logits at their target ids, -inf elsewhere, so

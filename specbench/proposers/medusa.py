@@ -39,9 +39,10 @@ class MedusaProposer(SlotProposer):
             )
         if heads.lm_heads is None and lm_head is None:
             raise ValueError("these Medusa heads are version 2 (no vocab projection); pass the target's lm_head")
+        device = next(heads.parameters()).device
         self.tree: TreeBuffers | None = None
         if tree is not None:
-            self.tree = load_tree(tree)
+            self.tree = load_tree(tree).to(device)
             depth = self.tree.max_depth
             if depth > num_heads:
                 raise ValueError(
@@ -61,9 +62,6 @@ class MedusaProposer(SlotProposer):
         self.heads.stack()  # per-head parameters become views of stacked tensors: all heads in one matmul per layer
         self.lm_head = lm_head
         self.depth = depth  # heads actually run per step
-        device = next(heads.parameters()).device
-        if self.tree is not None:
-            self.tree = self.tree.to(device)
         # every slot's draft shape, computed once: each propose hands out copies with the slot's tokens
         self._template = self.draft_from_logits(torch.zeros(depth, heads.config.vocab_size, device=device))
 

@@ -19,7 +19,7 @@ from specbench.run.parts import (  # noqa: F401 - re-exported: callers load case
 # a RuntimeError with one of these in its message is a device fault, not a bug of the case
 _DEVICE_FAULT = re.compile(r"CUDA error|CUDA out of memory|CUBLAS|cuDNN", re.IGNORECASE)
 _REQUESTED = re.compile(r"Tried to allocate (\d+(?:\.\d+)? ?[KMGTP]?i?B)")
-_CACHE_NEEDED = re.compile(r"needs a static KV cache of (\d+ bytes)")  # batched_cache.check_cache_fits
+_CACHE_NEEDED = re.compile(r"needs a static KV cache of (\d+ bytes)")  # static_cache.check_cache_fits
 
 
 def case_fault(err: BaseException) -> dict | None:
