@@ -4,14 +4,18 @@ ceiling (docs/engines.md). Bench-only: the engine's code is not changed.
 
 One prompt, N new tokens, greedy, one process, on the static engine's target at batch size 1 (slot 0); each mode
 after a warm-up pass:
-  loop      the engine's decode loop (Decoder without a proposer): what plain decoding runs today
+  loop      the engine's decode loop (Decoder without a proposer): what plain decoding runs today, up to 8 steps
+            queued per host read (docs/engines.md#plain-steps-queued-ahead)
+  loop-1    the same loop reading every step back (plain_steps_per_read = 1): the A/B of queueing ahead
   verify    target.verify, a host read of the argmax and commit per token: the loop without its bookkeeping
   chained   the plain step's graph replayed back to back (at each step's attention span), the next token fed on the
             device (argmax into the step's input, the cache length advanced on the device): no host read between steps
   steps-K   K such steps captured as one CUDA graph at the span of the run's last step, replayed N / K times (CUDA
             only)
-Each mode's tokens are compared with the loop's (the same greedy continuation). Prints ms per token (decode steps
-after the first token) and the fraction of the ceiling (weight bytes / copy bandwidth), writes OUT/plain_headroom.json.
+Each mode's tokens are compared with the loop's (the same greedy continuation). The modes run in turn, --rounds
+times (alternating, so a drifting clock moves them alike); each figure is the median over rounds. Prints ms per
+token (decode steps after the first token) and the fraction of the ceiling (weight bytes / copy bandwidth), writes
+OUT/plain_headroom.json.
 
     python bench/plain_headroom.py OUT --synth-dir SYNTH_DIR [--new-tokens 128] [--steps 4,8]
     python bench/plain_headroom.py OUT --tiny --device cpu --new-tokens 16          # CPU smoke test
@@ -21,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -42,9 +47,11 @@ from specbench.engine.step_inputs import SlotInput  # noqa: E402
 PLAIN = ("plain", 1)  # the plain step's (kind, width): its static buffers' key
 
 
-def loop_mode(target, prompt: torch.Tensor, n: int) -> tuple[list[int], float]:
-    """(tokens, seconds per decode step) of the engine's own plain decoding."""
-    result = Decoder(target, None, GenerationConfig(max_new_tokens=n, ignore_eos=True)).generate(prompt)
+def loop_mode(target, prompt: torch.Tensor, n: int, block: int = 8) -> tuple[list[int], float]:
+    """(tokens, seconds per decode step) of the engine's own plain decoding, ``block`` steps per host read."""
+    decoder = Decoder(target, None, GenerationConfig(max_new_tokens=n, ignore_eos=True))
+    decoder.plain_steps_per_read = block
+    result = decoder.generate(prompt)
     return list(result.output_token_ids), result.timing.per_token_latency_s
 
 
@@ -161,11 +168,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--prompt-tokens", type=int, default=32)
     parser.add_argument("--steps", default="4,8", help="K of the steps-K modes (CUDA only), comma-separated")
+    parser.add_argument("--rounds", type=int, default=3, help="times every mode runs, in turn (median reported)")
     args = parser.parse_args(argv)
     target, dtype = load_target(args)
     device = target.device
     prompt = torch.randint(3, target.vocab_size, (args.prompt_tokens,), generator=torch.Generator().manual_seed(0))
     modes = {"loop": lambda: loop_mode(target, prompt, args.new_tokens),
+             "loop-1": lambda: loop_mode(target, prompt, args.new_tokens, block=1),
              "verify": lambda: verify_mode(target, prompt, args.new_tokens),
              "chained": lambda: chained_mode(target, prompt, args.new_tokens)}
     if device.type == "cuda":
@@ -173,17 +182,25 @@ def main(argv: list[str] | None = None) -> int:
             modes[f"steps-{k}"] = lambda k=k: steps_mode(target, prompt, args.new_tokens, k)
     weight_bytes = sum(p.numel() * p.element_size() for p in target.module.parameters())
     ceiling_s = weight_bytes / copy_bandwidth(device) if device.type == "cuda" else None
-    rows, reference = [], None
+    times: dict[str, list[float]] = {name: [] for name in modes}
+    rows, reference, match = [], None, {}
     with torch.inference_mode():
         for name, run in modes.items():
             run()  # warm-up: compiles, captures, and settles the clocks
-            tokens, seconds = run()
-            reference = reference or tokens
-            same = min(len(tokens), len(reference))
-            rows.append({"mode": name, "ms_per_token": seconds * 1e3,
-                         "fraction_of_ceiling": ceiling_s / seconds if ceiling_s else None,
-                         "tokens_match_loop": tokens[:same] == reference[:same], "tokens": same})
+        for _ in range(args.rounds):
+            for name, run in modes.items():
+                tokens, seconds = run()
+                times[name].append(seconds)
+                reference = reference or tokens
+                same = min(len(tokens), len(reference))
+                match[name] = (match.get(name, (True,))[0] and tokens[:same] == reference[:same], same)
+    for name, seconds in times.items():
+        median = statistics.median(seconds)
+        rows.append({"mode": name, "ms_per_token": median * 1e3, "ms_per_token_rounds": [t * 1e3 for t in seconds],
+                     "fraction_of_ceiling": ceiling_s / median if ceiling_s else None,
+                     "tokens_match_loop": match[name][0], "tokens": match[name][1]})
     figures = {"dtype": dtype, "device": str(device), "new_tokens": args.new_tokens, "prompt_tokens": args.prompt_tokens,
+               "rounds": args.rounds,
                "weight_bytes": weight_bytes, "ceiling_ms": ceiling_s * 1e3 if ceiling_s else None, "modes": rows}
     args.out.mkdir(parents=True, exist_ok=True)
     write_text_atomic(args.out / "plain_headroom.json", json.dumps(figures, indent=2) + "\n")
