@@ -179,8 +179,9 @@ class Attention(PartialSumOutput, nn.Module):
         qkv = ops.linear(x, self.qkv.weight, self.qkv.bias)  # (B * W, (NH + 2 KVH) * D)
         q, kv_new = ops.rope_qkv(qkv, cos, sin, nh, kvh)  # (1, NH, B * W, D), (2, KVH, B * W, D)
         q = q[0].view(nh, batch, width, d).transpose(0, 1)  # (B, NH, W, D)
-        rows = torch.arange(batch, device=slots.device)[:, None].expand(batch, width)  # (B, W)
-        kv[:, rows, :, slots] = kv_new.view(2, kvh, batch, width, d).permute(2, 3, 0, 1, 4)  # (B, W, 2, KVH, D)
+        # each slot's new keys and values into its own row at ``slots``: one scatter, its index a broadcast view
+        where = slots[None, :, None, :, None].expand(2, batch, kvh, width, d)  # (2, B, KVH, W, D)
+        kv.scatter_(3, where, kv_new.view(2, kvh, batch, width, d).transpose(1, 2))  # (2, B, KVH, W, D)
         keys_len = bias.shape[-1]
         keys, values = kv[0, :, :, :keys_len], kv[1, :, :, :keys_len]  # (B, KVH, K, D) each
         # enable_gqa only when the head counts differ: it rules out the fused memory-efficient kernel, and
