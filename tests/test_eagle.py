@@ -12,7 +12,7 @@ from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRot
 
 from specbench.eagle.checkpoint import save_eagle_head
 from specbench.eagle.draft_head import EagleConfig, EagleHead
-from specbench.eagle.expansion import draft_dynamic_tree
+from specbench.eagle.expansion import dynamic_tree_rule
 from specbench.engine.decode import Decoder, GenerationConfig
 from specbench.engine.hf_target import HFTarget
 from specbench.engine.proposer import ProposerState
@@ -295,8 +295,8 @@ def test_dynamic_tree_keeps_the_highest_cumulative_log_probabilities():
         assert sees[0, :, -top_k:].equal(torch.eye(top_k, dtype=torch.bool))
         return features, table[tokens]  # (1, W, H), (1, W, V)
 
-    draft, = draft_dynamic_tree(torch.zeros(1, HIDDEN), root_logits[None], expand, top_k=top_k, depth=depth,
-                                total_tokens=total)
+    rule = dynamic_tree_rule(top_k=top_k, depth=depth, total_tokens=total)
+    draft, = rule(torch.zeros(1, HIDDEN), root_logits[None], expand)
     paths = []
     for token, parent in zip(draft.tokens.tolist(), draft.parents.tolist()):
         paths.append((paths[parent - 1] if parent else ()) + (token,))

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specbench.eagle.captured import CATCH_UP, EXPAND
+from specbench.eagle.captured import CATCH_UP, DRAFT
 from specbench.engine.decode import Decoder, GenerationConfig
 from specbench.engine.hf_target import HFTarget
 from specbench.engine.static_target import StaticTarget
@@ -22,7 +22,7 @@ from test_static_target import VOCAB, build
 from _prompts import random_prompt, repetitive_prompt
 
 MAX_NEW = 20
-CASES = {  # label -> (proposer name, options, head factory, expand widths per propose, catch-up widths)
+CASES = {  # label -> (proposer name, options, head factory, expansion widths per draft, catch-up widths)
     # catch-up widths: accepted + 1, up to the deepest node + 1 (chain K = 3; SMALL_TREE depth 3; dynamic depth 4)
     "eagle-chain": ("eagle", dict(num_speculative_tokens=3), lambda: random_head(with_embed=False), {1: 2}, {1, 2, 3, 4}),
     "eagle1-static-tree": ("eagle", dict(tree=SMALL_TREE), lambda: random_head(), {2: 2}, {1, 2, 3, 4}),
@@ -129,15 +129,15 @@ def test_each_kind_and_width_is_captured_once_then_replayed(label):
     proposer.reserve(80)  # captures every drafting graph, before any request
     prepared, seconds = dict(graphs.captures), graphs.capture_seconds
     assert {w for kind, w in prepared if kind == CATCH_UP} == CASES[label][4]
-    assert {w for kind, w in prepared if kind == EXPAND} == set(CASES[label][3])
+    assert (DRAFT, None) in prepared  # the whole draft, every expansion in it, as one step
+    assert {w for kind, w in proposer.captured.buffers if kind != CATCH_UP} == set(CASES[label][3])  # its widths
     assert not calls and seconds > 0  # the dummy request is not a propose the decoder sees
     replayed = graphs.replays.copy()
     decode_all(target, proposer)
     assert graphs.captures == prepared and graphs.capture_seconds == seconds  # nothing captured while decoding
     assert all(n == 1 for n in graphs.captures.values()) and len(backend.graphs) == len(graphs.captures)
-    expands = {width: n - replayed[(kind, width)] for (kind, width), n in graphs.replays.items() if kind == EXPAND}
     catch_ups = sum(n - replayed[(kind, w)] for (kind, w), n in graphs.replays.items() if kind == CATCH_UP)
-    assert expands == {w: per * len(calls) for w, per in CASES[label][3].items()}  # every depth of every propose
+    assert graphs.replays[(DRAFT, None)] - replayed[(DRAFT, None)] == len(calls)  # one replay drafts every depth
     assert catch_ups == len(calls) - len(PROMPTS)  # the first catch-up of each request (its prompt) runs eagerly
     assert proposer.describe()["draft_capture_seconds"] == graphs.capture_seconds
 
@@ -219,7 +219,7 @@ def test_three_slots_capture_once_and_draft_as_eagerly():
     once over the three-slot draft cache; decoding replays every expansion of every propose and the catch-up of
     every propose that begins no request, captures nothing, and drafts, decodes and counts as the eager proposer."""
     prompts = PROMPTS + [random_prompt(9, 4), repetitive_prompt(2)]
-    for label, (_, _, _, expands, catch_up_widths) in sorted(CASES.items()):
+    for label, (_, _, _, _, catch_up_widths) in sorted(CASES.items()):
         one_slot = build_target(label, graph_backend=TargetCapture())
         eager = build_proposer(label, one_slot, cuda_graphs=False).with_batch_size(3)
         graphed = build_proposer(label, one_slot, graph_backend=FakeCapture()).with_batch_size(3)
@@ -251,8 +251,7 @@ def test_three_slots_capture_once_and_draft_as_eagerly():
         assert [g.output_token_ids for g in got] == truth, label
         assert graphs.captures == prepared, label  # nothing captured while decoding
         replays = {key: n - before[key] for key, n in graphs.replays.items()}
-        assert {w: n for (kind, w), n in replays.items() if kind == EXPAND} == {
-            w: per * len(got_drafts) for w, per in expands.items()}, label  # every depth of every propose
+        assert replays[(DRAFT, None)] == len(got_drafts), label  # one replay per propose drafts every depth
         catch_ups = sum(n for (kind, _), n in replays.items() if kind == CATCH_UP)
         assert catch_ups == sum(not begun for begun, _ in got_drafts) > 0, label  # a request's first runs eagerly
 

@@ -12,7 +12,7 @@ import dataclasses
 import pytest
 import torch
 
-from specbench.eagle.expansion import draft_dynamic_tree
+from specbench.eagle.expansion import dynamic_tree_rule
 from specbench.engine.device_verification import read_step, verify_batch_greedy
 from specbench.engine.decode import Decoder, GenerationConfig
 from specbench.engine.draft import Draft, ancestor_mask
@@ -146,8 +146,8 @@ def test_the_dynamic_trees_device_shape_is_the_one_its_parents_give(top_k, depth
     for trial in range(8):
         table = (1 + trial) * torch.randn(vocab, vocab, generator=generator)  # (V, V) draft logits after each token
         root_logits = 3 * torch.randn(vocab, generator=generator)
-        draft, = draft_dynamic_tree(torch.zeros(1, 4), root_logits[None], lambda t, f, level, sees: (f, table[t]),
-                                    top_k=top_k, depth=depth, total_tokens=total)
+        rule = dynamic_tree_rule(top_k=top_k, depth=depth, total_tokens=total)
+        draft, = rule(torch.zeros(1, 4), root_logits[None], lambda t, f, level, sees: (f, table[t]))
         derived = Draft(tokens=draft.tokens, parents=draft.parents)  # the shape from the parents alone
         assert torch.equal(draft.depths(), derived.depths())
         assert torch.equal(draft.tree_mask(), reference_mask(draft.parents.tolist()))

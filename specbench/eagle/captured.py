@@ -1,5 +1,6 @@
-"""The EAGLE draft head's forwards over B slots as fixed-shape steps on static buffers, run eagerly or replayed as
-CUDA graphs (docs/eagle.md#graph-capture-on-the-static-engine)."""
+"""The EAGLE draft head's steps over B slots on static buffers, run eagerly or replayed as CUDA graphs: a catch-up
+per width, and a whole draft (every expansion and the drafting rule between them) as one step
+(docs/eagle.md#graph-capture-on-the-static-engine)."""
 
 from __future__ import annotations
 
@@ -10,11 +11,12 @@ import torch
 from torch import nn
 
 from specbench.eagle.draft_head import EagleHead
+from specbench.eagle.expansion import DraftingRule
 from specbench.engine.graph_capture import StepGraphs
 from specbench.engine.step_inputs import scatter_rows
 from specbench.engine.transfers import host_to_device
 
-CATCH_UP, EXPAND = "catch_up", "expand"  # the step kinds: graph keys are (kind, width)
+CATCH_UP, EXPAND, DRAFT = "catch_up", "expand", "draft"  # step kinds; graphs: (catch_up, width) and (draft, None)
 START, LAST, COMMITTED = range(3)  # rows of the per-slot scalars (3, B)
 
 
@@ -26,10 +28,8 @@ class HeadStepBuffers:
     tokens: torch.Tensor  # (B, W) int64 the rows' tokens (embedded inside the step)
     features: torch.Tensor  # (B, W, F) each row's feature: the target's (F = H; EAGLE-3: 3H) or its parent's output
     block: torch.Tensor  # (B, W, C) bool: column c is the slot's entry base + c; catch-up: causal, expand: the sees rows
-    meta: torch.Tensor  # (2,) int64: the draft nodes written before this step (begin), the rows' position offset
     spread: torch.Tensor  # (W,) int64 each row's position past the offset: arange (catch-up) or zeros (siblings)
     catch_up: bool  # based at each slot's catch-up start, returning the root (its last live row) only
-    written: tuple = (0, 0)  # the host's copy of meta, so an unchanged scalar is not written again
 
     @classmethod
     def allocate(cls, kind: str, batch: int, width: int, feature_width: int, block_width: int, *, dtype,
@@ -41,29 +41,33 @@ class HeadStepBuffers:
         spread = torch.arange(width, device=device) if catch_up else torch.zeros(width, dtype=torch.long, device=device)
         return cls(tokens=torch.zeros(batch, width, dtype=torch.long, device=device),
                    features=torch.zeros(batch, width, feature_width, dtype=dtype, device=device), block=block,
-                   meta=torch.zeros(2, dtype=torch.long, device=device), spread=spread, catch_up=catch_up)
+                   spread=spread, catch_up=catch_up)
 
 
 class CapturedHead:
-    """Runs the head's forwards as :class:`StepGraphs` steps keyed by (kind, width) over its B-slot draft cache.
+    """Runs the head's steps as :class:`StepGraphs` steps over its B-slot draft cache: each catch-up width's, keyed
+    (catch_up, W), and the whole draft's, keyed (draft, None): ``rule.grow`` from the root's output and logits,
+    every expansion depth a forward of the same step code (:meth:`expand`), one graph for all of it.
 
-    A step's W rows per slot attend over the slot's whole cache row (``(B, W, S)`` mask built inside the step from
-    the per-slot scalars, ``meta`` and ``block``) and are written after the slot's base entry (its catch-up start,
-    or its committed entries plus the draft nodes written before), so each (kind, width) has one shape. The host
-    keeps each slot's lengths and writes the three per-slot scalars once per propose (:meth:`set_slots`); a catch-up
-    row past a slot's own count (padding to the widest slot) writes the cache's last entry, a scratch entry no live
-    row sees. A cache that is reallocated (it grew) drops every graph, which read its address.
+    A forward's W rows per slot attend over the slot's whole cache row (``(B, W, S)`` mask built inside the step
+    from the per-slot scalars, the draft nodes written before and ``block``) and are written after the slot's base
+    entry (its catch-up start, or its committed entries plus the draft nodes written before), so each step has one
+    shape. The host keeps each slot's lengths and writes the three per-slot scalars once per propose
+    (:meth:`set_slots`); a catch-up row past a slot's own count (padding to the widest slot) writes the cache's last
+    entry, a scratch entry no live row sees. A cache that is reallocated (it grew) drops every graph, which read its
+    address.
     """
 
     def __init__(self, head: EagleHead, embedding: nn.Module, logits: Callable[[torch.Tensor], torch.Tensor],
-                 graphs: StepGraphs, *, batch_size: int, expansion_slots: int):
-        self.head, self.embedding, self.logits, self.graphs = head, embedding, logits, graphs
+                 graphs: StepGraphs, *, batch_size: int, expansion_slots: int, rule: DraftingRule):
+        self.head, self.embedding, self.logits, self.graphs, self.rule = head, embedding, logits, graphs, rule
         self.expansion_slots = expansion_slots  # C of the expand kind: the most draft nodes one propose writes
         self.cache = head.new_batched_cache(batch_size)  # (2, B, KVH, S, D) with host-known per-slot lengths
         device = self.cache.kv.device
         self.slots = torch.zeros(3, batch_size, dtype=torch.long, device=device)  # (3, B) START, LAST, COMMITTED
         self._rows = torch.arange(batch_size, device=device)  # (B,)
         self.buffers: dict[tuple[str, int], HeadStepBuffers] = {}
+        self._roots: tuple[torch.Tensor, torch.Tensor] | None = None  # the draft step's inputs: root (B, H), (B, V)
         self._kv: torch.Tensor | None = None  # the cache tensor the graphs were captured over
         self._entries: torch.Tensor | None = None  # (S,)
         self.prepared_over: torch.Tensor | None = None  # the cache tensor whose graphs the proposer prepared
@@ -99,20 +103,33 @@ class CapturedHead:
             scatter_rows(buffers.features, [(slot, 0, features) for slot, _, features in parts], kv.device, index)
         return self.graphs.run((CATCH_UP, width), buffers, self._forward) if replayable else self._forward(buffers)
 
+    def draft(self, root_hidden: torch.Tensor, root_logits: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """The rule's tensors grown from every slot's root output ``(B, H)`` and logits ``(B, V)``: the draft step,
+        replayed as one graph when graphs are on (the roots copied into its inputs first)."""
+        if self._roots is None:
+            self._roots = (torch.empty_like(root_hidden), torch.empty_like(root_logits))
+        self._roots[0].copy_(root_hidden)
+        self._roots[1].copy_(root_logits)
+        return self.graphs.run((DRAFT, None), self._roots, self._grow)
+
+    def _grow(self, roots: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, ...]:
+        """The draft step: device ops only (what a graph captures), every expansion through :meth:`expand`."""
+        return self.rule.grow(roots[0], roots[1], self.expand)
+
     def expand(self, tokens: torch.Tensor, features: torch.Tensor, depth: int,
-               sees: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+                sees: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The drafting rules' expander (eagle/expansion.py): ``W`` nodes per slot at ``depth``, written after the
-        slot's committed entries and the draft nodes before them; outputs ``(B, W, H)``, logits ``(B, W, V)``."""
+        slot's committed entries and the draft nodes before them; outputs ``(B, W, H)``, logits ``(B, W, V)``.
+        Every depth's widths and offsets are the rule's constants, so a captured draft replays them as they are."""
         width = tokens.shape[1]
-        begin = sees.shape[-1] - width  # draft nodes written before these
         if sees.shape[-1] > self.expansion_slots:
             raise ValueError(f"an expansion sees {sees.shape[-1]} draft nodes; the step holds {self.expansion_slots}")
         buffers = self._buffers(EXPAND, width, features.shape[-1], self.expansion_slots)
         buffers.block[:, :, : sees.shape[-1]].copy_(sees)  # columns beyond begin + W are masked inside the step
         buffers.tokens.copy_(tokens)
         buffers.features.copy_(features)
-        self._write_meta(buffers, (begin, depth - 1))  # siblings sit at the root's position + depth
-        return self.graphs.run((EXPAND, width), buffers, self._forward)
+        # begin: the draft nodes written before these; siblings sit at the root's position + depth
+        return self._forward(buffers, begin=sees.shape[-1] - width, offset=depth - 1)
 
     def _buffers(self, kind: str, width: int, feature_width: int, block_width: int) -> HeadStepBuffers:
         buffers = self.buffers.get((kind, width))
@@ -121,18 +138,6 @@ class CapturedHead:
                 kind, self.cache.kv.shape[1], width, feature_width, block_width, dtype=self.cache.kv.dtype,
                 device=self.cache.kv.device)
         return buffers
-
-    @staticmethod
-    def _write_meta(buffers: HeadStepBuffers, values: tuple[int, int]) -> None:
-        """``fill_`` the scalars that changed (a launch argument each: no host-to-device copy, no sync); a chain's
-        two are equal at every depth: one fill."""
-        stale = [i for i, (old, new) in enumerate(zip(buffers.written, values)) if old != new]
-        if len(stale) == 2 and values[0] == values[1]:
-            buffers.meta.fill_(values[0])
-        else:
-            for i in stale:
-                buffers.meta[i].fill_(values[i])
-        buffers.written = values
 
     def reserve(self, entries: int) -> None:
         """Room for ``entries`` per slot, the scratch entry beyond; a new cache tensor drops the graphs over the old."""
@@ -143,12 +148,12 @@ class CapturedHead:
             self._kv = self.cache.kv
             self._entries = torch.arange(self.cache.capacity, device=self._kv.device)  # (S,)
 
-    def _forward(self, buffers: HeadStepBuffers) -> tuple[torch.Tensor, torch.Tensor]:
-        """One fixed-shape draft forward over ``buffers``: the region a graph captures (device tensors only)."""
+    def _forward(self, buffers: HeadStepBuffers, begin: int = 0, offset: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        """One fixed-shape draft forward over ``buffers`` (device tensors only), ``begin`` draft nodes written before
+        its rows, which sit at positions ``offset`` past the base's (an expansion's; a catch-up's are 0)."""
         entries, kv, scratch = self._entries, self._kv, self._kv.shape[3] - 1  # (S,), (2, B, KVH, S, D)
         batch, width, block_width = buffers.block.shape
         base = self.slots[START if buffers.catch_up else COMMITTED]  # (B,)
-        begin, offset = buffers.meta[0], buffers.meta[1]  # () each
         relative = entries[None, :] - base[:, None]  # (B, S) block column of each entry
         live = (relative >= 0) & (relative < begin + width)  # (B, S) the draft's entries, this step's included
         index = relative.clamp(0, block_width - 1)[:, None, :].expand(batch, width, -1)  # (B, W, S)

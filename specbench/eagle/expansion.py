@@ -1,10 +1,15 @@
 """The three EAGLE drafting rules over B slots at once, through a node expander: a top-1 chain, EAGLE-1's static
 tree (each node's children are its own top-k ranks) and EAGLE-2's dynamic tree (top-k children of the best frontier
-nodes by cumulative draft log-probability, then the best nodes overall) (docs/eagle.md#drafting)."""
+nodes by cumulative draft log-probability, then the best nodes overall) (docs/eagle.md#drafting).
+
+Each rule is two parts (:class:`DraftingRule`): ``grow``, device ops only from the root's output and logits to the
+drafts' tensors (every expansion and the selection between them, which one graph can capture), and ``shape``,
+the per-slot :class:`Draft` objects over those tensors."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 from typing import Callable
 
 import torch
@@ -18,16 +23,33 @@ from specbench.engine.tree import TreeBuffers
 Expander = Callable[[torch.Tensor, torch.Tensor, int, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 
 
-def draft_chain(root_hidden: torch.Tensor, root_logits: torch.Tensor, expand: Expander, length: int) -> list[Draft]:
-    """Per slot ``length`` greedy tokens, each the argmax of the draft run on the previous one: ``root_hidden``
-    ``(B, H)`` and ``root_logits`` ``(B, V)`` predict depth 1."""
+@dataclass(frozen=True)
+class DraftingRule:
+    """``grow(root_hidden (B, H), root_logits (B, V), expand)`` -> the drafts' tensors, device ops only (no host
+    read, no host-dependent branch: a CUDA graph replays it); ``shape(tensors)`` -> one :class:`Draft` per slot."""
+
+    grow: Callable[[torch.Tensor, torch.Tensor, Expander], tuple[torch.Tensor, ...]]
+    shape: Callable[[tuple[torch.Tensor, ...]], list[Draft]]
+
+    def __call__(self, root_hidden: torch.Tensor, root_logits: torch.Tensor, expand: Expander) -> list[Draft]:
+        return self.shape(self.grow(root_hidden, root_logits, expand))
+
+
+def chain_rule(length: int) -> DraftingRule:
+    """Per slot ``length`` greedy tokens, each the argmax of the draft run on the previous one."""
+    return DraftingRule(partial(_grow_chain, length=length), lambda grown: [Draft.chain(row) for row in grown[0]])
+
+
+def _grow_chain(root_hidden: torch.Tensor, root_logits: torch.Tensor, expand: Expander, *,
+                length: int) -> tuple[torch.Tensor]:
+    """``(B, K)`` tokens: ``root_hidden`` ``(B, H)`` and ``root_logits`` ``(B, V)`` predict depth 1."""
     tokens = [root_logits.argmax(dim=-1)]  # (B,) stays on the device
     hidden = root_hidden[:, None]  # (B, 1, H)
     for depth in range(1, length):
         sees = torch.ones(1, depth, dtype=torch.bool, device=root_hidden.device)  # every earlier chain node and itself
         hidden, logits = expand(tokens[-1][:, None], hidden, depth, sees)  # (B, 1, H), (B, 1, V)
         tokens.append(logits[:, 0].argmax(dim=-1))
-    return [Draft.chain(row) for row in torch.stack(tokens, dim=1)]  # (K,) each
+    return (torch.stack(tokens, dim=1),)  # (B, K)
 
 
 @dataclass(frozen=True)
@@ -76,11 +98,19 @@ class StaticTreePlan:
                               self.sees.to(device), self.expanded.to(device))
 
 
-def draft_static_tree(plan: StaticTreePlan, root_hidden: torch.Tensor, root_logits: torch.Tensor,
-                      expand: Expander) -> list[Draft]:
+def static_tree_rule(plan: StaticTreePlan) -> DraftingRule:
     """EAGLE-1: depth by depth, run the draft over every slot's expanded nodes of that depth and place each child on
     its rank of its parent's own top-k; every slot's draft has the tree's shape."""
-    tree, k, rows = plan.tree, plan.tree.top_k, 1 + plan.num_expanded
+    tree = plan.tree
+    return DraftingRule(partial(_grow_static_tree, plan=plan), lambda grown: [
+        Draft(tokens=row, parents=tree.parents, precomputed_depths=tree.depths, precomputed_tree_mask=tree.tree_mask,
+              precomputed_is_chain=tree.is_chain, precomputed_depth=tree.max_depth) for row in grown[0]])
+
+
+def _grow_static_tree(root_hidden: torch.Tensor, root_logits: torch.Tensor, expand: Expander, *,
+                      plan: StaticTreePlan) -> tuple[torch.Tensor]:
+    """``(B, N)`` every slot's node tokens, in the tree's node order."""
+    k, rows = plan.tree.top_k, 1 + plan.num_expanded
     batch = root_hidden.shape[0]
     table = torch.empty(batch, rows, k, dtype=torch.long, device=root_hidden.device)  # (B, 1 + E, k)
     table[:, 0] = root_logits.topk(k, dim=-1).indices
@@ -93,9 +123,7 @@ def draft_static_tree(plan: StaticTreePlan, root_hidden: torch.Tensor, root_logi
         hidden, logits = expand(tokens, features, depth, plan.sees[begin:end, :end])
         outputs[:, 1 + begin: 1 + end] = hidden
         table[:, 1 + begin: 1 + end] = logits.topk(k, dim=-1).indices  # (B, W, k)
-    return [Draft(tokens=row, parents=tree.parents, precomputed_depths=tree.depths,
-                  precomputed_tree_mask=tree.tree_mask, precomputed_is_chain=tree.is_chain,
-                  precomputed_depth=tree.max_depth) for row in table.view(batch, -1)[:, plan.candidates]]  # (N,) each
+    return (table.view(batch, -1)[:, plan.candidates],)  # (B, N)
 
 
 def dynamic_pool_size(top_k: int, depth: int) -> int:
@@ -103,8 +131,7 @@ def dynamic_pool_size(top_k: int, depth: int) -> int:
     return top_k + (depth - 1) * top_k * top_k
 
 
-def draft_dynamic_tree(root_hidden: torch.Tensor, root_logits: torch.Tensor, expand: Expander, *, top_k: int,
-                       depth: int, total_tokens: int) -> list[Draft]:
+def dynamic_tree_rule(*, top_k: int, depth: int, total_tokens: int) -> DraftingRule:
     """EAGLE-2, per slot: expand the top_k best frontier nodes by cumulative draft log-probability, top_k children
     each, up to ``depth``; keep the ``total_tokens`` best of every candidate scored.
 
@@ -112,6 +139,22 @@ def draft_dynamic_tree(root_hidden: torch.Tensor, root_logits: torch.Tensor, exp
     the device, with no host read (docs/eagle.md#host-reads-per-step): each candidate's depth is its level, the
     ancestor mask is the closure of the kept parents (at most ``depth`` levels), and the draft verifies as a tree;
     only its longest path (the deepest kept level) is left to the step's one readback."""
+    # one path iff top_k is 1; never one when more nodes are kept than there are levels; else only the parents
+    # tell (a host read, kept exact for sampling's chain rule: a rare setting, total_tokens <= depth)
+    chain = True if top_k == 1 else (False if total_tokens > depth else None)
+
+    def shape(grown: tuple[torch.Tensor, ...]) -> list[Draft]:
+        ids, parents, depths, masks = grown  # (B, N), (B, N), (B, N + 1), (B, N + 1, N + 1)
+        return [Draft(tokens=ids[b], parents=parents[b], precomputed_depths=depths[b], precomputed_tree_mask=masks[b],
+                      precomputed_is_chain=chain, precomputed_depth=total_tokens if top_k == 1 else None)
+                for b in range(ids.shape[0])]
+
+    return DraftingRule(partial(_grow_dynamic_tree, top_k=top_k, depth=depth, total_tokens=total_tokens), shape)
+
+
+def _grow_dynamic_tree(root_hidden: torch.Tensor, root_logits: torch.Tensor, expand: Expander, *, top_k: int,
+                       depth: int, total_tokens: int) -> tuple[torch.Tensor, ...]:
+    """Every slot's kept tokens ``(B, N)``, parents ``(B, N)``, depths ``(B, N + 1)`` and ancestor mask."""
     device, (batch, k) = root_hidden.device, (root_hidden.shape[0], top_k)
     scores, tokens = torch.log_softmax(root_logits.float(), dim=-1).topk(k, dim=-1)  # (B, k) each
     all_scores, all_tokens = [scores], [tokens]
@@ -140,12 +183,7 @@ def draft_dynamic_tree(root_hidden: torch.Tensor, root_logits: torch.Tensor, exp
     depths = torch.cat([levels.new_zeros(batch, 1), levels], dim=1)  # (B, N + 1)
     masks = ancestor_mask(parents, depth)  # (B, N + 1, N + 1)
     ids = torch.cat(all_tokens, dim=1).gather(1, keep)  # (B, N)
-    # one path iff top_k is 1; never one when more nodes are kept than there are levels; else only the parents
-    # tell (a host read, kept exact for sampling's chain rule: a rare setting, total_tokens <= depth)
-    chain = True if top_k == 1 else (False if total_tokens > depth else None)
-    return [Draft(tokens=ids[b], parents=parents[b], precomputed_depths=depths[b], precomputed_tree_mask=masks[b],
-                  precomputed_is_chain=chain, precomputed_depth=total_tokens if top_k == 1 else None)
-            for b in range(batch)]
+    return ids, parents, depths, masks
 
 
 def select_nodes(scores: torch.Tensor, parents: torch.Tensor, total_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:

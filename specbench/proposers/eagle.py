@@ -11,7 +11,8 @@ from torch import nn
 
 from specbench.eagle.captured import CapturedHead
 from specbench.eagle.draft_head import EagleHead
-from specbench.eagle.expansion import StaticTreePlan, draft_chain, draft_dynamic_tree, draft_static_tree, dynamic_pool_size
+from specbench.eagle.expansion import (StaticTreePlan, chain_rule, dynamic_pool_size, dynamic_tree_rule,
+                                       static_tree_rule)
 from specbench.engine.draft import Draft
 from specbench.engine.graph_capture import GraphBackend, StepGraphs
 from specbench.engine.proposer import ProposerState, SlotProposer
@@ -47,12 +48,14 @@ class EagleProposer(SlotProposer):
             if not isinstance(num_speculative_tokens, int) or num_speculative_tokens < 1:
                 raise ValueError(f"num_speculative_tokens (K) must be an integer >= 1, got {num_speculative_tokens!r}")
             self.num_nodes, self.expansion_slots = num_speculative_tokens, num_speculative_tokens - 1
+            self.rule = chain_rule(self.num_nodes)
         elif self.mode == "tree":
             buffers = load_tree(tree)
             if buffers.top_k > vocab:
                 raise ValueError(f"EAGLE tree uses rank {buffers.top_k - 1} but the vocabulary has {vocab} tokens")
             self.plan = StaticTreePlan.from_tree(buffers).to(head.fc.weight.device)
             self.num_nodes, self.expansion_slots = buffers.num_nodes, self.plan.num_expanded
+            self.rule = static_tree_rule(self.plan)
         else:
             missing = [name for name, value in dynamic.items() if value is None]
             if missing:
@@ -69,6 +72,7 @@ class EagleProposer(SlotProposer):
                     f"scores (top_k + (depth - 1) * top_k^2); lower total_tokens or raise top_k or depth"
                 )
             self.num_nodes, self.expansion_slots = total_tokens, top_k * (depth - 1)
+            self.rule = dynamic_tree_rule(top_k=top_k, depth=depth, total_tokens=total_tokens)
         self.top_k, self.depth, self.total_tokens = top_k, depth, total_tokens
         self.head = head.prepare()
         self.lm_head = lm_head
@@ -86,7 +90,7 @@ class EagleProposer(SlotProposer):
         self.batch_size, self._capacity = batch_size, 0
         graphs = StepGraphs.for_device(self.head.fc.weight.device, *self._graph_options)
         self.captured = CapturedHead(self.head, self.embedding, self._logits, graphs, batch_size=batch_size,
-                                     expansion_slots=self.expansion_slots)
+                                     expansion_slots=self.expansion_slots, rule=self.rule)
         self.cache = self.captured.cache  # (2, B, KVH, S, D); lengths: draft positions holding the target's features
 
     def with_batch_size(self, batch_size: int) -> "EagleProposer":
@@ -199,9 +203,9 @@ class EagleProposer(SlotProposer):
 
     @torch.inference_mode()
     def _prepare_graphs(self) -> None:
-        """Capture the drafting graphs on a dummy request of zeros in every slot: the expansions' (their widths do
-        not depend on the tokens) and a catch-up of every width a step can bring, 1 to ``max_depth`` + 1 (the
-        accepted tokens and the bonus one). Skipped when the graphs over this draft cache exist."""
+        """Capture the drafting graphs on a dummy request of zeros in every slot: the draft step's (its shapes do not
+        depend on the tokens) and a catch-up of every width a step can bring, 1 to ``max_depth`` + 1 (the accepted
+        tokens and the bonus one). Skipped when the graphs over this draft cache exist."""
         captured = self.captured
         if not captured.enabled or captured.prepared_over is self.cache.kv:
             return
@@ -230,15 +234,10 @@ class EagleProposer(SlotProposer):
         return {slot: drafts[slot] for slot in states}
 
     def _draft(self, states: dict[int, ProposerState]) -> list[Draft]:
-        """Every slot's draft (an idle slot's is discarded): one catch-up step, then one step per expansion depth."""
+        """Every slot's draft (an idle slot's is discarded): one catch-up step, then the draft step (every expansion
+        depth and the rule between them)."""
         root_hidden, root_logits = self._catch_up(states)  # (B, H), (B, V) predicts depth 1
-        expand = self.captured.expand
-        if self.mode == "chain":
-            return draft_chain(root_hidden, root_logits, expand, self.num_nodes)
-        if self.mode == "tree":
-            return draft_static_tree(self.plan, root_hidden, root_logits, expand)
-        return draft_dynamic_tree(root_hidden, root_logits, expand, top_k=self.top_k, depth=self.depth,
-                                  total_tokens=self.total_tokens)
+        return self.rule.shape(self.captured.draft(root_hidden, root_logits))
 
     def _catch_up(self, states: dict[int, ProposerState]) -> tuple[torch.Tensor, torch.Tensor]:
         """Run the draft over each slot's positions the target accepted since its last call, with the target's
