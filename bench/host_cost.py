@@ -5,9 +5,11 @@ nothing (the outputs are the capture's), so a step's wall time (the loop's ``Run
 admissions and prefills left out) is the loop's bookkeeping, input uploads, verification, history and commit ops
 and the readback, not the model. On a CPU each of those device ops runs in
 place of a GPU launch, so the figure tracks the launch count between replays (docs/engines.md#what-is-still-host-side);
-compare trees with it on one machine (bench/in_archive.py for another commit's tree).
+compare trees with it on one machine (bench/in_archive.py for another commit's tree). ``--proposer eagle2``
+times EAGLE-2 steps instead (a random tiny head, dynamic tree top_k 4, depth 4, 16 nodes, its drafting graphs free
+too): what the loop and the proposer launch between replays.
 
-    python bench/host_cost.py [--new-tokens 200] [--batch-size 1] [--repeats 7] [--profile tottime]
+    python bench/host_cost.py [--new-tokens 200] [--batch-size 1] [--repeats 7] [--proposer eagle2] [--profile tottime]
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from specbench.engine.decode import Decoder, GenerationConfig  # noqa: E402
 from specbench.checkpoints.tiny import tiny_llama  # noqa: E402
 from specbench.engine.static_target import StaticTarget  # noqa: E402
+from specbench.eagle.draft_head import EagleConfig, EagleHead  # noqa: E402
+from specbench.proposers.eagle import EagleProposer  # noqa: E402
 
 
 class _FreeReplay:
@@ -46,17 +50,25 @@ def tiny_target(batch_size: int) -> StaticTarget:
                                       graph_backend=FreeCapture(), prefill_graphs=False)
 
 
+def eagle2(target: StaticTarget) -> EagleProposer:
+    """An EAGLE-2 proposer over a random head of the tiny target's sizes, its graphs through FreeCapture."""
+    torch.manual_seed(0)
+    head = EagleHead(EagleConfig(target.hidden_size, 2 * target.hidden_size, 4, 2, target.vocab_size), with_embed=False)
+    return EagleProposer.from_options(target, head=head, top_k=4, depth=4, total_tokens=16, graph_backend=FreeCapture())
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--new-tokens", type=int, default=200, help="max_new_tokens of every request (EOS ignored)")
     parser.add_argument("--batch-size", type=int, default=1, help="slots, each with one 64-token prompt")
     parser.add_argument("--repeats", type=int, default=7, help="timed runs after two warm-ups; the median is printed")
+    parser.add_argument("--proposer", choices=("none", "eagle2"), default="none", help="plain steps (none) or EAGLE-2's")
     parser.add_argument("--profile", metavar="SORT", help="also cProfile five runs, sorted by SORT (tottime, cumulative)")
     args = parser.parse_args(argv)
     target = tiny_target(args.batch_size)
     prompts = [torch.randint(0, 512, (64,), generator=torch.Generator().manual_seed(b)) for b in range(args.batch_size)]
     config = GenerationConfig(max_new_tokens=args.new_tokens, ignore_eos=True)
-    decoder = Decoder(target, None, config)
+    decoder = Decoder(target, eagle2(target) if args.proposer == "eagle2" else None, config)
     run = lambda: decoder.generate_all(prompts)  # noqa: E731
     torch.set_num_threads(1)
     run(), run()
@@ -71,7 +83,8 @@ def main(argv: list[str] | None = None) -> int:
         profiler = cProfile.Profile()
         profiler.runcall(lambda: [run() for _ in range(5)])
         pstats.Stats(profiler).sort_stats(args.profile).print_stats(30)
-    print(f"loop cost per plain step, free replays, B = {args.batch_size}: {statistics.median(times) * 1e6:.1f} us "
+    kind = "plain" if args.proposer == "none" else args.proposer
+    print(f"loop cost per {kind} step, free replays, B = {args.batch_size}: {statistics.median(times) * 1e6:.1f} us "
           f"(median of {args.repeats}; min {min(times) * 1e6:.1f} us)")
     return 0
 
