@@ -141,15 +141,15 @@ class DraftModelProposer(SlotProposer):
 
     def _catch_up(self, states: dict[int, ProposerState]) -> torch.Tensor:
         """Bring every active slot's draft cache to its history; returns ``(B, V)`` the logits after each history's
-        last token (rows of idle slots: anything). New requests are prefilled alone; the rest truncate what the
-        target rejected and feed their new tokens in one ragged batched step."""
+        last token (rows of idle slots: anything). New requests are prefilled together (``prefill_many``); the rest
+        truncate what the target rejected and feed their new tokens in one ragged batched step."""
         draft, batch = self.draft, self.draft.batch_size
         inputs: list[SlotInput | None] = [None] * batch
-        truncate, prefilled = {}, {}
+        truncate, fresh = {}, {}
         for slot, state in states.items():
             length, anchor, fed = state.token_ids.numel(), self._anchor[slot], self.k - 1  # host-known
             if anchor == 0 or anchor > length:  # a new request (or a shorter history): start over
-                prefilled[slot] = draft.prefill(slot, state.token_ids).logits[-1]  # (V,)
+                fresh[slot] = state.token_ids
             else:
                 keep = anchor + min(fed, length - 1 - anchor)  # at most length - 1: re-feed the last
                 if keep != anchor + fed:  # the cache holds anchor + fed entries
@@ -157,6 +157,8 @@ class DraftModelProposer(SlotProposer):
                 new = state.token_ids[keep:]  # (n,) n >= 1, device-held
                 inputs[slot] = SlotInput([], list(range(new.numel())), tail=new)
             self._anchor[slot] = length
+        outputs = draft.prefill_many(list(fresh), list(fresh.values())) if fresh else []
+        prefilled = {slot: out.logits[-1] for slot, out in zip(fresh, outputs)}  # (V,) each
         if all(x is None for x in inputs):  # every active slot was prefilled
             logits = torch.zeros(batch, draft.vocab_size, device=draft.device)  # (B, V)
         else:
