@@ -117,7 +117,7 @@ class CapturedHead:
         return self.rule.grow(roots[0], roots[1], self.expand)
 
     def expand(self, tokens: torch.Tensor, features: torch.Tensor, depth: int,
-                sees: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+               sees: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The drafting rules' expander (eagle/expansion.py): ``W`` nodes per slot at ``depth``, written after the
         slot's committed entries and the draft nodes before them; outputs ``(B, W, H)``, logits ``(B, W, V)``.
         Every depth's widths and offsets are the rule's constants, so a captured draft replays them as they are."""

@@ -101,10 +101,10 @@ class StaticTreePlan:
 def static_tree_rule(plan: StaticTreePlan) -> DraftingRule:
     """EAGLE-1: depth by depth, run the draft over every slot's expanded nodes of that depth and place each child on
     its rank of its parent's own top-k; every slot's draft has the tree's shape."""
-    tree = plan.tree
+    tree, is_chain, depth = plan.tree, plan.tree.is_chain, plan.tree.max_depth  # host facts of the tree, read once
     return DraftingRule(partial(_grow_static_tree, plan=plan), lambda grown: [
         Draft(tokens=row, parents=tree.parents, precomputed_depths=tree.depths, precomputed_tree_mask=tree.tree_mask,
-              precomputed_is_chain=tree.is_chain, precomputed_depth=tree.max_depth) for row in grown[0]])
+              precomputed_is_chain=is_chain, precomputed_depth=depth) for row in grown[0]])
 
 
 def _grow_static_tree(root_hidden: torch.Tensor, root_logits: torch.Tensor, expand: Expander, *,
