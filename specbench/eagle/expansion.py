@@ -170,7 +170,7 @@ def _grow_dynamic_tree(root_hidden: torch.Tensor, root_logits: torch.Tensor, exp
         child_scores = (scores[:, :, None] + child_logp.clamp(max=0.0)).flatten(1)  # (B, k * k) never above the parent
         all_scores.append(child_scores)
         all_tokens.append(child_tokens.flatten(1))
-        all_parents.append(frontier.repeat_interleave(k, dim=1))
+        all_parents.append(frontier[:, :, None].expand(batch, k, k).flatten(1))  # (B, k * k) each child's parent
         all_levels.append(torch.full((k * k,), level + 1, dtype=torch.long, device=device))
         scores, best = child_scores.topk(k, dim=-1)  # (B, k) the next frontier
         source = best // k  # (B, k) the frontier row each comes from
