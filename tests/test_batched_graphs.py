@@ -1,5 +1,5 @@
 """Graph capture of the static engine's steps (engine/graph_capture.py): the bookkeeping on the CPU through a stand-in
-graph that replays the step eagerly into its static outputs (one capture per (kind, width, span), later steps replay
+graph that replays the step's recorded ops into its static outputs (tests/_op_tape.py; one capture per (kind, width, span), later steps replay
 it, buffers refreshed, graphs dropped with the cache), decoding through it token for token as the eager reference
 HFTarget at B = 1 and 3, and on CUDA the captured engine against the eager one and HFTarget."""
 
@@ -17,26 +17,26 @@ from specbench.engine.step_inputs import SlotInput
 from specbench.engine.proposer import for_batch
 from test_batched_engine import (assert_each_request_as_alone, decode_alone, random_heads, tiny_llama_model,
                                  tiny_proposers)
+from _op_tape import record
 from _prompts import random_prompt, repetitive_prompt
 
 
 class ReplayingGraph:
-    """A CUDA graph's contract on the CPU: ``replay()`` reruns the recorded step over the inputs it was captured with
-    and writes the results into the same output tensors; it fails if the target's cache moved since the capture
-    (a real graph would read freed memory)."""
+    """A CUDA graph's contract on the CPU: ``replay()`` runs again the ops its capture recorded (tests/_op_tape.py:
+    Python's decisions frozen, no host read) over the inputs it was captured with and writes the results into the
+    same output tensors; it fails if the target's cache moved since the capture (a real graph would read freed
+    memory)."""
 
-    def __init__(self, forward, inputs, outputs):
-        self.forward, self.inputs, self.outputs = forward, inputs, outputs
+    def __init__(self, forward, inputs):
         owner = getattr(getattr(forward, "func", forward), "__self__", None)  # a bound method, or a partial of one
         self.owner = owner
         self.cache_ptr = None if owner is None else owner._cache.kv.data_ptr()
+        self.tape, self.outputs = record(forward, inputs)
 
     def replay(self) -> None:
         if self.owner is not None:
             assert self.owner._cache.kv.data_ptr() == self.cache_ptr, "replayed a graph captured over another cache"
-        for out, new in zip(self.outputs, self.forward(self.inputs)):
-            if out is not None:
-                out.copy_(new)
+        self.tape.replay()
 
 
 class FakeCapture:
@@ -47,10 +47,9 @@ class FakeCapture:
         self.pools_released = 0
 
     def capture(self, forward, inputs):
-        outputs = tuple(forward(inputs))  # static output storage: what the captured step wrote, as a CUDA graph's
-        graph = ReplayingGraph(forward, inputs, outputs)
+        graph = ReplayingGraph(forward, inputs)  # its outputs: what the captured step wrote, as a CUDA graph's
         self.graphs.append(graph)
-        return graph, outputs
+        return graph, graph.outputs
 
     def release_pool(self) -> None:
         self.pools_released += 1

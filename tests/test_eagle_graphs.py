@@ -1,5 +1,5 @@
 """EAGLE drafting through captured graphs on the static engine (eagle/captured.py, docs/eagle.md): on the CPU
-through a stand-in graph that replays the step eagerly into its static outputs, each (kind, width) is captured once
+through a stand-in graph that replays the step's recorded ops into its static outputs (tests/_op_tape.py), each (kind, width) is captured once
 and replayed after, and greedy decoding, every draft under ragged acceptance and the counters equal the eager
 proposer's for the EAGLE chain, EAGLE-1 static tree and EAGLE-2 / EAGLE-3 dynamic trees; on CUDA the same with real
 CUDA graphs."""
@@ -19,6 +19,7 @@ from test_batched_graphs import FakeCapture as TargetCapture  # the target's own
 from test_eagle import SMALL_TREE, random_head
 from test_eagle3 import deep_llama, random_head3
 from test_static_target import VOCAB, build
+from _op_tape import record
 from _prompts import random_prompt, repetitive_prompt
 
 MAX_NEW = 20
@@ -34,19 +35,18 @@ CASES = {  # label -> (proposer name, options, head factory, expansion widths pe
 
 
 class ReplayingGraph:
-    """A CUDA graph's contract on the CPU: ``replay()`` reruns the recorded step over the buffers it was captured
-    with into the same output tensors; it fails if the draft cache was reallocated since (a real graph would read
-    freed memory)."""
+    """A CUDA graph's contract on the CPU: ``replay()`` runs again the ops its capture recorded (tests/_op_tape.py:
+    Python's decisions frozen, no host read) over the buffers it was captured with into the same output tensors;
+    it fails if the draft cache was reallocated since (a real graph would read freed memory)."""
 
-    def __init__(self, forward, inputs, outputs):
-        self.forward, self.inputs, self.outputs = forward, inputs, outputs
+    def __init__(self, forward, inputs):
         self.owner = forward.__self__  # the CapturedHead
         self.kv = self.owner.cache.kv
+        self.tape, self.outputs = record(forward, inputs)
 
     def replay(self) -> None:
         assert self.owner.cache.kv is self.kv, "replayed a graph captured over another draft cache"
-        for out, new in zip(self.outputs, self.forward(self.inputs)):
-            out.copy_(new)
+        self.tape.replay()
 
 
 class FakeCapture:
@@ -56,10 +56,9 @@ class FakeCapture:
         self.graphs: list[ReplayingGraph] = []
 
     def capture(self, forward, inputs):
-        outputs = tuple(t.clone() for t in forward(inputs))  # static output storage
-        graph = ReplayingGraph(forward, inputs, outputs)
+        graph = ReplayingGraph(forward, inputs)
         self.graphs.append(graph)
-        return graph, outputs
+        return graph, graph.outputs
 
     def release_pool(self) -> None:
         pass

@@ -1,0 +1,74 @@
+"""A CUDA graph's replay on the CPU: the aten ops a captured region ran, recorded once and run again as recorded.
+
+A CUDA graph replays the kernels its capture launched, with the arguments they had then: whatever Python decided
+during the capture (a width, a branch on host state, a lazily created buffer) is frozen, and a host read cannot
+happen at all. Re-running the region's Python (as a plain stand-in does) would hide a region that depends on host
+state changing between replays. :class:`OpTape` records every aten op of the region with its arguments; a replay
+runs the same ops in order, each reading the replay's own values of the tensors the region made and the current
+contents of the tensors it did not (inputs, weights, caches), and finally copies the region's outputs into the
+tensors the capture returned, as a graph's static outputs. A host read inside the region is refused, as CUDA's
+capture refuses it.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+HOST_READS = {torch.ops.aten._local_scalar_dense.default, torch.ops.aten.nonzero.default}
+
+
+class OpTape(TorchDispatchMode):
+    """Records ``(op, args, kwargs, output)`` for every aten op run under it; keeps them alive (ids stay unique)."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops: list[tuple] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func in HOST_READS:
+            raise RuntimeError(f"{func} reads the device inside a captured region (CUDA's capture would refuse it)")
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        self.ops.append((func, args, kwargs, out))
+        return out
+
+
+class TapeGraph:
+    """``replay()`` runs the recorded ops again and writes the region's outputs into ``outputs``."""
+
+    def __init__(self, tape: OpTape, outputs: tuple):
+        self.tape, self.outputs = tape, outputs
+
+    def replay(self) -> None:
+        values: dict[int, torch.Tensor] = {}  # id of a recorded tensor -> its value in this replay
+
+        def now(x):
+            if isinstance(x, torch.Tensor):
+                return values.get(id(x), x)  # a tensor the region did not make: as it is now
+            if isinstance(x, (list, tuple)):
+                return type(x)(now(v) for v in x)
+            return x
+
+        def bind(recorded, value) -> None:
+            if isinstance(recorded, torch.Tensor):
+                values[id(recorded)] = value
+            elif isinstance(recorded, (list, tuple)):
+                for r, v in zip(recorded, value):
+                    bind(r, v)
+
+        for func, args, kwargs, out in self.tape.ops:
+            bind(out, func(*now(args), **{key: now(value) for key, value in kwargs.items()}))
+        for static in self.outputs:
+            if static is not None and id(static) in values:
+                static.copy_(values[id(static)])
+
+
+def record(forward, inputs) -> tuple[TapeGraph, tuple]:
+    """Capture ``forward(inputs)`` as CUDA's backend does: two warm-up runs (lazily made buffers are made there),
+    then one recorded run, whose outputs are the graph's static outputs."""
+    for _ in range(2):
+        forward(inputs)
+    with OpTape() as tape:
+        outputs = tuple(forward(inputs))
+    return TapeGraph(tape, outputs), outputs
