@@ -1,6 +1,6 @@
 """EAGLE drafting through captured graphs on the static engine (eagle/captured.py, docs/eagle.md): on the CPU
-through a stand-in graph that replays the step's recorded ops into its static outputs (tests/_op_tape.py), each (kind, width) is captured once
-and replayed after, and greedy decoding, every draft under ragged acceptance and the counters equal the eager
+through a stand-in graph that replays the step's recorded ops into its static outputs (tests/_op_tape.py), each
+step key is captured once and replayed after, and greedy decoding, every draft under ragged acceptance and the counters equal the eager
 proposer's for the EAGLE chain, EAGLE-1 static tree and EAGLE-2 / EAGLE-3 dynamic trees; on CUDA the same with real
 CUDA graphs."""
 
