@@ -4,9 +4,9 @@ ceiling (docs/engines.md). Bench-only: the engine's code is not changed.
 
 One prompt, N new tokens, greedy, one process, on the static engine's target at batch size 1 (slot 0); each mode
 after a warm-up pass:
-  loop      the engine's decode loop (Decoder without a proposer): what plain decoding runs today, up to 8 steps
-            queued per host read (docs/engines.md#plain-steps-queued-ahead)
-  loop-1    the same loop reading every step back (plain_steps_per_read = 1): the A/B of queueing ahead
+  loop      the engine's decode loop (Decoder without a proposer): what plain decoding runs today, each step queued
+            one ahead of the host's reads (docs/engines.md#plain-steps-queued-ahead)
+  loop-sync the same loop reading each step before queueing the next (plain_ahead = False): the A/B of queueing
   verify    target.verify, a host read of the argmax and commit per token: the loop without its bookkeeping
   chained   the plain step's graph replayed back to back (at each step's attention span), the next token fed on the
             device (argmax into the step's input, the cache length advanced on the device): no host read between steps
@@ -47,10 +47,10 @@ from specbench.engine.step_inputs import SlotInput  # noqa: E402
 PLAIN = ("plain", 1)  # the plain step's (kind, width): its static buffers' key
 
 
-def loop_mode(target, prompt: torch.Tensor, n: int, block: int = 8) -> tuple[list[int], float]:
-    """(tokens, seconds per decode step) of the engine's own plain decoding, ``block`` steps per host read."""
+def loop_mode(target, prompt: torch.Tensor, n: int, ahead: bool = True) -> tuple[list[int], float]:
+    """(tokens, seconds per decode step) of the engine's own plain decoding, its steps queued ahead or not."""
     decoder = Decoder(target, None, GenerationConfig(max_new_tokens=n, ignore_eos=True))
-    decoder.plain_steps_per_read = block
+    decoder.plain_ahead = ahead
     result = decoder.generate(prompt)
     return list(result.output_token_ids), result.timing.per_token_latency_s
 
@@ -174,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     device = target.device
     prompt = torch.randint(3, target.vocab_size, (args.prompt_tokens,), generator=torch.Generator().manual_seed(0))
     modes = {"loop": lambda: loop_mode(target, prompt, args.new_tokens),
-             "loop-1": lambda: loop_mode(target, prompt, args.new_tokens, block=1),
+             "loop-sync": lambda: loop_mode(target, prompt, args.new_tokens, ahead=False),
              "verify": lambda: verify_mode(target, prompt, args.new_tokens),
              "chained": lambda: chained_mode(target, prompt, args.new_tokens)}
     if device.type == "cuda":

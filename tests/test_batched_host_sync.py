@@ -78,28 +78,32 @@ def test_each_greedy_step_reads_the_device_once_whatever_the_batch_size(tiny, ea
     for batch_size in (1, 4, 7):
         batched, decoder, steps = counted_run(static, proposer_for, prompts, config, batch_size, monkeypatch)
         assert_each_request_as_alone(batched, alone)
-        if label == "plain":  # greedy plain steps go in blocks read once, without a step readback (_plain_steps)
-            assert len(steps) < decoder.stats.num_steps <= decoder.plain_steps_per_read * len(steps)
-            assert set(steps) == {(1, 0)}, (batch_size, steps)
+        if label == "plain":  # each greedy plain step reads the one queued before it (Decoder._plain_step)
+            assert steps[0] == (0, 1) and set(steps[1:]) == {(1, 1)}, (batch_size, steps)
+            # every queued step is read but the last; one queued after a request's end counts no step
+            assert len(steps) - 1 - len(prompts) <= decoder.stats.num_steps <= len(steps) - 1
         else:
             assert len(steps) == decoder.stats.num_steps > 0
             assert set(steps) == {(1, 1)}, (batch_size, steps)  # one host read (the readback) per step, at every B
         assert max(decoder.stats.active_per_step) == min(batch_size, len(prompts))
 
 
-@pytest.mark.parametrize("block", [1, 3])
-def test_plain_blocks_of_any_size_decode_as_alone(tiny, eager, block):
-    """Greedy plain steps queued in blocks: requests ending by EOS or max_new_tokens inside a block end there, at
-    every B; a block of one step is the loop's step-by-step form."""
+@pytest.mark.parametrize("ahead", [True, False])
+def test_plain_steps_queued_ahead_or_not_decode_as_alone(tiny, eager, ahead):
+    """Greedy plain steps queued one ahead of the host's reads, or read each before the next (the step-by-step
+    loop): requests ending by EOS or max_new_tokens end where they do alone, at every B, and the steps queued after
+    a request's end count no token."""
     static, _, prompts = tiny
     eos = eos_mid_run(eager, prompts, 16)
     config = GenerationConfig(max_new_tokens=16, eos_token_ids=(eos,))
     alone = [Decoder(eager, None, config).generate(p) for p in prompts]
     for batch_size in (1, 4):
         decoder = Decoder(static.with_batch_size(batch_size), None, config)
-        decoder.plain_steps_per_read = block
+        decoder.plain_ahead = ahead
         assert_each_request_as_alone(decoder.generate_all(prompts), alone)
         assert decoder.stats.step_tokens == sum(len(r.output_token_ids) - 1 for r in alone)
+        if batch_size == 1:  # one step per token after the first, whichever way
+            assert decoder.stats.num_steps == decoder.stats.step_tokens
 
 
 def test_the_counter_sees_per_slot_reads(tiny, monkeypatch):

@@ -14,7 +14,7 @@ def test_device_fed_steps_give_the_loops_tokens(tmp_path):
                        "--rounds", "2"]) == 0
     figures = json.loads((tmp_path / "plain_headroom.json").read_text(encoding="utf-8"))
     rows = {row["mode"]: row for row in figures["modes"]}
-    assert list(rows) == ["loop", "loop-1", "verify", "chained"]  # steps-K needs CUDA graphs
+    assert list(rows) == ["loop", "loop-sync", "verify", "chained"]  # steps-K needs CUDA graphs
     for row in rows.values():
         assert row["tokens_match_loop"] is True and row["tokens"] == 12, row
         assert len(row["ms_per_token_rounds"]) == 2

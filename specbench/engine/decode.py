@@ -90,6 +90,7 @@ class _Slot:
     first_token_s: float
     counters: SpecCounters = field(default_factory=SpecCounters)
     finished: bool = False
+    ended_at: float | None = None  # when its last token reached the host, if a later step was already queued
 
 
 class _History:
@@ -161,7 +162,8 @@ class Decoder:
             proposer = for_batch(proposer, target.batch_size)
         self.target, self.proposer, self.config = target, proposer, config
         self.stats = RunStats()
-        self.plain_steps_per_read = 8  # greedy plain steps queued between host reads (docs/engines.md)
+        self.plain_ahead = True  # greedy plain steps queued one ahead of the host's reads (docs/engines.md)
+        self._queued: tuple | None = None  # the plain step in flight: (its slots' requests, its readback)
         self._depth_lists: dict[int, tuple[torch.Tensor, list[int]]] = {}  # id -> (a tree's depths, as a list)
 
     def prepare(self, prompts: list[torch.Tensor]) -> None:
@@ -206,7 +208,7 @@ class Decoder:
         if seeds is not None and len(seeds) != len(prompts):
             raise ValueError(f"seeds must give one seed per prompt ({len(prompts)}), got {len(seeds)}")
         self.prepare(prompts)
-        self.stats = RunStats()
+        self.stats, self._queued = RunStats(), None
         queue = deque(range(len(prompts)))
         slots: list[_Slot | None] = [None] * self.target.batch_size
         used = [False] * self.target.batch_size
@@ -218,10 +220,11 @@ class Decoder:
             if not active:
                 break
             started = time.perf_counter()
-            self._step(slots, active)  # ends with the step's readback: the device is done with it
+            self._step(slots, active)  # ends with a step's readback (greedy plain: the step queued before it)
             self.stats.step_s += time.perf_counter() - started
             for b in active:
                 self._retire(slots, b, results, run_start)
+        self._queued = None  # a plain step queued after every request ended: its tokens are nobody's
         return results
 
     def _refill(self, slots, used, queue, prompts, seeds, results, run_start) -> None:
@@ -287,7 +290,7 @@ class Decoder:
         """Propose for every active slot, verify all slots in one forward, verify all slots at once (greedy) and
         commit on the device; the host reads the step's outcome once, then does its per-request bookkeeping."""
         if self.proposer is None and verifies_greedily(self.config.sampling):
-            return self._plain_steps(slots, active)
+            return self._plain_step(slots, active)
         drafts = self._propose(slots, active)
         inputs: list[SlotInput | None] = [None] * len(slots)
         for b in active:
@@ -316,32 +319,37 @@ class Decoder:
         for b in active:
             self.stats.step_tokens += self._record(slots[b], drafts[b], tokens[b])
 
-    def _plain_steps(self, slots: list[_Slot | None], active: list[int]) -> None:
-        """Greedy plain decoding, up to ``plain_steps_per_read`` steps per host read: every live slot keeps its one
-        node, so the lengths are known without a read, and each step's root is the last step's token, taken from the
-        device history; the host queues the steps back to back and reads their tokens once (docs/engines.md#plain-
-        steps-queued-ahead). A request that ends inside the block ends there: its slot's later tokens are dropped."""
-        left = [self.config.max_new_tokens - len(slots[b].emitted) for b in active]
-        steps, history = min(self.plain_steps_per_read, *left), self._history
-        history.ensure(max(slots[b].length for b in active) + steps)
-        kept = [int(s is not None) for s in slots]  # (B,) what every step keeps per slot
-        columns = []
-        for i in range(steps):
-            inputs = [None if s is None else SlotInput(history.tokens[b, s.length + i - 1: s.length + i], [0])
-                      for b, s in enumerate(slots)]  # each root: (1,) on the device
-            out = self.target.verify(inputs)  # logits (B, 1, V), hidden (B, 1, H)
-            step = self.target.verified_step()
-            verdict = verify_batch(step.ids, out.logits, step.ancestors, step.counts, chain=True)
-            history.record(verdict, out)
-            self.target.commit_accepted(verdict.kept, None, lambda: kept)
-            columns.append(verdict.emitted[:, 0])  # (B,)
-        tokens = torch.stack(columns, dim=1).tolist()  # (B, steps): the block's one device-to-host transfer
-        self.stats.num_steps += steps
-        self.stats.active_per_step += [len(active)] * steps
-        for b in active:
-            for token in tokens[b]:
-                if not slots[b].finished:
-                    self.stats.step_tokens += self._record(slots[b], _EMPTY_DRAFT, [token])
+    def _plain_step(self, slots: list[_Slot | None], active: list[int]) -> None:
+        """Greedy plain decoding one step ahead: queue this step, then read the one queued before it and do its
+        bookkeeping while this one runs (docs/engines.md#plain-steps-queued-ahead). Nothing is read to queue a step:
+        each root is the last token in the device history and every live slot keeps its one node. A request that
+        ends in the step read had one more step queued for it, whose token is dropped."""
+        history = self._history
+        history.ensure(max(slots[b].length for b in active) + 2)  # the host's lengths lag the device's by a step
+        roots = history.tokens.gather(1, (history.lengths - 1).clamp_min(0)[:, None])  # (B, 1) each last token
+        out = self.target.verify([None if s is None else SlotInput(roots[b], [0]) for b, s in enumerate(slots)])
+        step = self.target.verified_step()  # logits (B, 1, V) above; ids (B, 1), counts (B,) here
+        verdict = verify_batch(step.ids, out.logits, step.ancestors, step.counts, chain=True)
+        history.record(verdict, out)
+        kept = [int(s is not None) for s in slots]  # (B,) one node per live slot
+        self.target.commit_accepted(verdict.kept, None, lambda: kept)
+        queued, self._queued = self._queued, (list(slots), read_step(verdict))
+        if not self.plain_ahead:  # the step-by-step loop: read this step before the next is queued
+            queued, self._queued = self._queued, None
+        if queued is not None:
+            self._read_plain(*queued)
+
+    def _read_plain(self, states: list[_Slot | None], readback) -> None:
+        """Record a queued plain step's tokens for the requests it was queued for, unless they ended before it."""
+        tokens = readback.tokens()  # waits for that step only
+        live = [b for b, state in enumerate(states) if state is not None and not state.finished]
+        if live:
+            self.stats.num_steps += 1
+            self.stats.active_per_step.append(len(live))
+        for b in live:
+            self.stats.step_tokens += self._record(states[b], _EMPTY_DRAFT, tokens[b])
+            if states[b].finished:  # its last token is on the host: the request's end, before the step queued after
+                states[b].ended_at = time.perf_counter()
 
     def _host_depths(self, depths: torch.Tensor) -> list[int]:
         """A tree's depths ``(N + 1,)`` as a host list, read once per depths tensor: a static tree (Medusa) hands
@@ -391,8 +399,9 @@ class Decoder:
         return min(len(state.emitted), self.config.max_new_tokens) - before
 
     def _finish(self, state: _Slot, slot: int, run_start: float) -> GenerationResult:
-        _synchronize(self.target.device)
-        total = time.perf_counter() - state.admitted_at
+        if state.ended_at is None:
+            _synchronize(self.target.device)
+        total = (state.ended_at or time.perf_counter()) - state.admitted_at
         emitted = state.emitted[: self.config.max_new_tokens]
         eos = () if self.config.ignore_eos else self.config.eos_token_ids
         timing = RequestTiming(num_output_tokens=len(emitted), time_to_first_token_s=state.first_token_s, total_s=total)

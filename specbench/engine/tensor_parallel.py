@@ -130,10 +130,10 @@ def shard_static_llama(module: StaticLlamaForCausalLM, mesh: DeviceMesh | None =
     """Shard ``module`` in place over ``mesh`` (1-D; default: the whole default process group) and return it.
     Every rank must call this with the same (loaded) module; afterwards ``module.shape`` is the local shape."""
     mesh = default_mesh() if mesh is None else mesh
-    world_size = mesh.size()
-    local = local_shape(module.shape, world_size)  # refuses sizes that do not divide
     if getattr(module, "tensor_parallel", None) is not None:
         raise ValueError(f"the module is already sharded over {module.tensor_parallel} ranks")
+    world_size = mesh.size()
+    local = local_shape(module.shape, world_size)  # refuses sizes that do not divide
     for layer in module.model.layers:
         _shard_attention(layer.self_attn, mesh, world_size)
         _shard_mlp(layer.mlp, mesh)
