@@ -47,7 +47,7 @@ from specbench.engine.step_inputs import SlotInput  # noqa: E402
 PLAIN = ("plain", 1)  # the plain step's (kind, width): its static buffers' key
 
 
-def loop_mode(target, prompt: torch.Tensor, n: int, ahead: bool = True) -> tuple[list[int], float]:
+def loop_mode(target, prompt: torch.Tensor, n: int, ahead: bool = True) -> tuple[list[int], float]:  # ahead: also on a CPU
     """(tokens, seconds per decode step) of the engine's own plain decoding, its steps queued ahead or not."""
     decoder = Decoder(target, None, GenerationConfig(max_new_tokens=n, ignore_eos=True))
     decoder.plain_ahead = ahead

@@ -22,6 +22,7 @@ from specbench.proposers.ngram import NgramProposer
 from test_batched_engine import (assert_each_request_as_alone, decode_alone, eos_mid_run, random_heads,
                                  tiny_llama_model, tiny_proposers)
 from _host_reads import HostReads
+from test_batched_graphs import FakeCapture
 from _prompts import random_prompt, repetitive_prompt
 
 LABELS = ["plain", "medusa-chain", "medusa-tree"]
@@ -53,6 +54,7 @@ def counted_run(static, proposer_for, prompts, config, batch_size, monkeypatch):
                         lambda verdict, depths=None: readbacks.append(1) or original_read(verdict, depths))
     target = static.with_batch_size(batch_size)
     decoder = Decoder(target, for_batch(proposer_for(static), batch_size), config)
+    decoder.plain_ahead = True  # as on a GPU (on the CPU, whose ops run as they are called, plain steps read one by one)
     decoder.generate_all(prompts[:1])  # warm-up: a static tree's depths are read once per run of the decoder
     steps = []
     step = decoder._step
@@ -97,13 +99,15 @@ def test_plain_steps_queued_ahead_or_not_decode_as_alone(tiny, eager, ahead):
     eos = eos_mid_run(eager, prompts, 16)
     config = GenerationConfig(max_new_tokens=16, eos_token_ids=(eos,))
     alone = [Decoder(eager, None, config).generate(p) for p in prompts]
-    for batch_size in (1, 4):
-        decoder = Decoder(static.with_batch_size(batch_size), None, config)
+    for batch_size, backend in ((1, None), (4, None), (4, FakeCapture())):  # last: steps replayed as graphs
+        target = static.with_batch_size(batch_size, cuda_graphs=backend is not None, graph_backend=backend)
+        decoder = Decoder(target, None, config)
         decoder.plain_ahead = ahead
         assert_each_request_as_alone(decoder.generate_all(prompts), alone)
         assert decoder.stats.step_tokens == sum(len(r.output_token_ids) - 1 for r in alone)
         if batch_size == 1:  # one step per token after the first, whichever way
             assert decoder.stats.num_steps == decoder.stats.step_tokens
+        assert (sum(target.graphs.replays.values()) > decoder.stats.num_steps) == (backend is not None)
 
 
 def test_the_counter_sees_per_slot_reads(tiny, monkeypatch):

@@ -162,7 +162,8 @@ class Decoder:
             proposer = for_batch(proposer, target.batch_size)
         self.target, self.proposer, self.config = target, proposer, config
         self.stats = RunStats()
-        self.plain_ahead = True  # greedy plain steps queued one ahead of the host's reads (docs/engines.md)
+        # greedy plain steps queued one ahead of the host's reads, where the device runs apart from the host
+        self.plain_ahead = target.device.type != "cpu"  # (docs/engines.md#plain-steps-queued-ahead)
         self._queued: tuple | None = None  # the plain step in flight: (its slots' requests, its readback)
         self._depth_lists: dict[int, tuple[torch.Tensor, list[int]]] = {}  # id -> (a tree's depths, as a list)
 
