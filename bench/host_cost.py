@@ -9,7 +9,8 @@ compare trees with it on one machine (bench/in_archive.py for another commit's t
 times EAGLE-2 steps instead (a random tiny head, dynamic tree top_k 4, depth 4, 16 nodes, its drafting graphs free
 too): what the loop and the proposer launch between replays.
 
-    python bench/host_cost.py [--new-tokens 200] [--batch-size 1] [--repeats 7] [--proposer eagle2] [--profile tottime]
+    python bench/host_cost.py [--new-tokens 200] [--batch-size 1] [--repeats 7] [--proposer eagle2] [--plain-ahead]
+                              [--profile tottime]
 """
 
 from __future__ import annotations
@@ -63,12 +64,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch-size", type=int, default=1, help="slots, each with one 64-token prompt")
     parser.add_argument("--repeats", type=int, default=7, help="timed runs after two warm-ups; the median is printed")
     parser.add_argument("--proposer", choices=("none", "eagle2"), default="none", help="plain steps (none) or EAGLE-2's")
+    parser.add_argument("--plain-ahead", action="store_true",
+                        help="queue plain steps one ahead of the reads, as on a GPU (a CPU reads each step first)")
     parser.add_argument("--profile", metavar="SORT", help="also cProfile five runs, sorted by SORT (tottime, cumulative)")
     args = parser.parse_args(argv)
     target = tiny_target(args.batch_size)
     prompts = [torch.randint(0, 512, (64,), generator=torch.Generator().manual_seed(b)) for b in range(args.batch_size)]
     config = GenerationConfig(max_new_tokens=args.new_tokens, ignore_eos=True)
     decoder = Decoder(target, eagle2(target) if args.proposer == "eagle2" else None, config)
+    decoder.plain_ahead = args.plain_ahead
     run = lambda: decoder.generate_all(prompts)  # noqa: E731
     torch.set_num_threads(1)
     run(), run()
@@ -83,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
         profiler = cProfile.Profile()
         profiler.runcall(lambda: [run() for _ in range(5)])
         pstats.Stats(profiler).sort_stats(args.profile).print_stats(30)
-    kind = "plain" if args.proposer == "none" else args.proposer
+    kind = ("plain" + (" (queued ahead)" if args.plain_ahead else "")) if args.proposer == "none" else args.proposer
     print(f"loop cost per {kind} step, free replays, B = {args.batch_size}: {statistics.median(times) * 1e6:.1f} us "
           f"(median of {args.repeats}; min {min(times) * 1e6:.1f} us)")
     return 0

@@ -327,7 +327,10 @@ class Decoder:
         ends in the step read had one more step queued for it, whose token is dropped."""
         history = self._history
         history.ensure(max(slots[b].length for b in active) + 2)  # the host's lengths lag the device's by a step
-        roots = history.tokens.gather(1, (history.lengths - 1).clamp_min(0)[:, None])  # (B, 1) each last token
+        if self.plain_ahead:  # each root: the last token in the device history, (1,) on the device
+            roots = history.tokens.gather(1, (history.lengths - 1).clamp_min(0)[:, None])  # (B, 1)
+        else:  # the host read the last step: its roots go up with the step's packed inputs
+            roots = [None if s is None else [s.emitted[-1]] for s in slots]
         out = self.target.verify([None if s is None else SlotInput(roots[b], [0]) for b, s in enumerate(slots)])
         step = self.target.verified_step()  # logits (B, 1, V) above; ids (B, 1), counts (B,) here
         verdict = verify_batch(step.ids, out.logits, step.ancestors, step.counts, chain=True)
