@@ -13,6 +13,7 @@ than ``token_budget`` padded tokens are split, which bounds the activations.
 from __future__ import annotations
 
 import torch
+from torch.nn.utils.rnn import pad_sequence
 
 from specbench.engine.static_cache import StaticKVCache
 from specbench.engine.static_ops import EAGER_OPS, StepOps
@@ -52,9 +53,7 @@ def prefill_group(module, cache: StaticKVCache, slots: list[int], prompts: list[
     lengths = [p.numel() for p in prompts]
     n, width = len(prompts), max(lengths)
     device = cache.kv.device
-    ids = torch.zeros(n, width, dtype=torch.long, device=device)  # (n, T) padded with token 0
-    for row, prompt in enumerate(prompts):
-        ids[row, : lengths[row]] = prompt
+    ids = pad_sequence(prompts, batch_first=True).long()  # (n, T) padded with token 0
     positions = torch.arange(width, device=device).repeat(n)  # (n * T,) every prompt starts at position 0
     rows = host_to_device(slots, device)  # (n,)
     for slot in slots:
