@@ -23,6 +23,7 @@ from specbench.engine.step_inputs import SlotInput, slot_input
 from specbench.engine.device_verification import (BatchVerdict, read_step, rejection_chain_on_device,
                                                   verify_batch_greedy as verify_batch)
 from specbench.engine.draft import Draft
+from specbench.engine.history import History
 from specbench.engine.sampling import SamplingParams
 from specbench.engine.verification import verifies_greedily, verify
 from specbench.metrics import RequestTiming, SpecCounters
@@ -80,7 +81,7 @@ class RunStats:
 @dataclass
 class _Slot:
     """One request in flight: its host-side length, emitted tokens, counters and clocks (its device rows live in
-    the decoder's :class:`_History`)."""
+    the decoder's :class:`~specbench.engine.history.History`)."""
 
     request: int
     length: int  # tokens in its history: prompt + emitted
@@ -91,66 +92,6 @@ class _Slot:
     counters: SpecCounters = field(default_factory=SpecCounters)
     finished: bool = False
     ended_at: float | None = None  # when its last token reached the host, if a later step was already queued
-
-
-class _History:
-    """Every slot's device history, updated for all B slots by a few device ops per step (no host read)."""
-
-    def __init__(self, batch_size: int, capacity: int, device: torch.device):
-        self.tokens = torch.zeros(batch_size, capacity, dtype=torch.long, device=device)  # (B, C) prompt + emitted
-        self.lengths = torch.zeros(batch_size, dtype=torch.long, device=device)  # (B,) tokens[b, :lengths[b]] is live
-        self.hidden: torch.Tensor | None = None  # (B, H) the target's hidden state that predicted each last token
-        self.features: torch.Tensor | None = None  # (B, C, F) row i predicted tokens[b, i + 1] (feature readers)
-
-    def admit(self, slot: int, prompt: torch.Tensor, first: int, hidden: torch.Tensor,
-              features: torch.Tensor | None) -> None:
-        """Slot ``slot`` starts a request: prompt ``(T,)``, its first token, hidden ``(H,)``, features ``(T, F)``."""
-        length = prompt.numel()
-        self.tokens[slot, :length] = prompt
-        self.tokens[slot, length] = first
-        self.lengths[slot] = length + 1
-        if self.hidden is None:
-            self.hidden = hidden.new_zeros(self.tokens.shape[0], hidden.numel())  # (B, H)
-        self.hidden[slot] = hidden
-        if features is not None:
-            if self.features is None:
-                self.features = features.new_zeros(*self.tokens.shape, features.shape[-1])  # (B, C, F)
-            self.features[slot, :length] = features
-
-    def ensure(self, needed: int) -> None:
-        """Room for ``needed`` tokens per row (a proposer drafting beyond its max_draft_tokens grows it)."""
-        grow = needed - self.tokens.shape[1]
-        if grow > 0:
-            self.tokens = torch.cat([self.tokens, self.tokens.new_zeros(self.tokens.shape[0], grow)], dim=1)
-            if self.features is not None:
-                self.features = torch.cat([self.features, self.features.new_zeros(
-                    self.features.shape[0], grow, self.features.shape[2])], dim=1)
-
-    def record(self, verdict: BatchVerdict, out) -> None:
-        """Append each slot's emitted tokens, the hidden state after its path and its path's features."""
-        _write_rows(self.tokens, self.lengths, verdict.emitted, verdict.kept)
-        hidden = out.hidden_states  # (B, W, H) the verify's own tensor (a target hands out copies of graph outputs)
-        if hidden.shape[1] == 1:  # a plain step: every path ends at node 0
-            self.hidden = hidden[:, 0]  # (B, H)
-        else:
-            last = verdict.last_node()[:, None, None]  # (B, 1, 1)
-            self.hidden = hidden.gather(1, last.expand(-1, 1, hidden.shape[-1])).squeeze(1)  # (B, H)
-        if self.features is not None:  # the accepted path's hidden states predicted the tokens emitted now
-            source = out.aux_hidden_states if out.aux_hidden_states is not None else hidden  # (B, W, F)
-            picked = source.gather(1, verdict.nodes[:, :, None].expand(-1, -1, source.shape[-1]))  # (B, W, F)
-            _write_rows(self.features, self.lengths - 1, picked, verdict.kept)
-        self.lengths.add_(verdict.kept)  # (B,)
-
-
-def _write_rows(buffer: torch.Tensor, start: torch.Tensor, values: torch.Tensor, count: torch.Tensor) -> None:
-    """``buffer[b, start[b] + i] = values[b, i]`` for ``i < count[b]``, every row at once and without a host read:
-    ``buffer`` ``(B, C, ...)``, ``start`` and ``count`` ``(B,)``, ``values`` ``(B, W, ...)``; other cells unchanged."""
-    batch, width = values.shape[:2]
-    offsets = torch.arange(width, device=values.device)  # (W,)
-    shape = (batch, width) + (1,) * (values.dim() - 2)
-    index = (start[:, None] + offsets).clamp(0, buffer.shape[1] - 1).view(shape).expand_as(values)  # (B, W, ...)
-    live = (offsets < count[:, None]).view(shape)  # (B, W, 1...)
-    buffer.scatter_(1, index, torch.where(live, values, buffer.gather(1, index)))
 
 
 class Decoder:
@@ -187,7 +128,7 @@ class Decoder:
         self.target.prepare_prefills([p.numel() for p in prompts])  # lone admissions replay these graphs
         kinds = ("plain",) if self.proposer is None else ("plain", "chain", "tree")  # a plain run verifies no draft
         self.target.prepare_steps(min(p.numel() for p in prompts), kinds)  # every step graph, at every attention span
-        self._history = _History(self.target.batch_size, longest + 1, self.target.device)
+        self._history = History(self.target.batch_size, longest + 1, self.target.device)
         if self.proposer is not None:
             self.proposer.reserve(longest)
 
@@ -210,6 +151,7 @@ class Decoder:
             raise ValueError(f"seeds must give one seed per prompt ({len(prompts)}), got {len(seeds)}")
         self.prepare(prompts)
         self.stats, self._queued = RunStats(), None
+        self._eos = () if self.config.ignore_eos else self.config.eos_token_ids  # the tokens that end a request
         queue = deque(range(len(prompts)))
         slots: list[_Slot | None] = [None] * self.target.batch_size
         used = [False] * self.target.batch_size
@@ -284,8 +226,7 @@ class Decoder:
         return states
 
     def _ended(self, state: _Slot) -> bool:
-        eos = () if self.config.ignore_eos else self.config.eos_token_ids
-        return state.emitted[-1] in eos or len(state.emitted) >= self.config.max_new_tokens
+        return state.emitted[-1] in self._eos or len(state.emitted) >= self.config.max_new_tokens
 
     def _step(self, slots: list[_Slot | None], active: list[int]) -> None:
         """Propose for every active slot, verify all slots in one forward, verify all slots at once (greedy) and
@@ -393,11 +334,10 @@ class Decoder:
         output tokens it kept (none past EOS or max_new_tokens)."""
         state.counters.record_step(draft.depth(), len(new) - 1)
         state.length += len(new)
-        eos = () if self.config.ignore_eos else self.config.eos_token_ids
         before = min(len(state.emitted), self.config.max_new_tokens)
         for token in new:
             state.emitted.append(token)
-            if token in eos:
+            if token in self._eos:
                 break
         state.finished = self._ended(state)
         return min(len(state.emitted), self.config.max_new_tokens) - before
@@ -407,11 +347,10 @@ class Decoder:
             _synchronize(self.target.device)
         total = (state.ended_at or time.perf_counter()) - state.admitted_at
         emitted = state.emitted[: self.config.max_new_tokens]
-        eos = () if self.config.ignore_eos else self.config.eos_token_ids
         timing = RequestTiming(num_output_tokens=len(emitted), time_to_first_token_s=state.first_token_s, total_s=total)
         return GenerationResult(
             output_token_ids=emitted, counters=state.counters, timing=timing,
-            finish_reason="eos" if emitted[-1] in eos else "length", slot=slot, queue_s=state.admitted_at - run_start,
+            finish_reason="eos" if emitted[-1] in self._eos else "length", slot=slot, queue_s=state.admitted_at - run_start,
         )
 
 

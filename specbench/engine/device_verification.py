@@ -177,6 +177,3 @@ def rejection_chain_on_device(
     next_token = torch.minimum(index, last_positive)  # (1,)
     num_accepted, token, *host_ids = torch.cat([accepted, next_token, verify_ids]).tolist()  # (K + 3,) the one read
     return list(range(num_accepted + 1)), token, host_ids[1 : num_accepted + 1] + [token]
-
-
-__all__ = ["BatchVerdict", "StepReadback", "read_step", "rejection_chain_on_device", "verify_batch_greedy"]

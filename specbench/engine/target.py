@@ -8,7 +8,7 @@ the accepted path's entries, moved to contiguous positions, so rejected entries 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
@@ -25,7 +25,6 @@ class TargetOutput:
     aux_hidden_states: torch.Tensor | None = None
 
 
-@runtime_checkable
 class Target(Protocol):
     batch_size: int  # slots decoded together
     vocab_size: int

@@ -131,6 +131,3 @@ def verify(
     if params.rule == "rejection":
         return verify_rejection(draft, logits, params, generator)
     return verify_typical(draft, logits, params, generator)
-
-
-__all__ = ["Verdict", "verifies_greedily", "verify", "verify_greedy", "verify_rejection", "verify_typical"]
