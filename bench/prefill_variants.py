@@ -52,7 +52,7 @@ def variant_ops(name: str, target: StaticTarget) -> StepOps:
         return EAGER_OPS
     if name == "fused":
         return compiled_prefill_ops()  # the engine's fused_prefill
-    return target._ops if target._ops.compiled else compiled_ops()  # the steps' stages
+    return target.ops if target.ops.compiled else compiled_ops()  # the steps' stages
 
 
 def measure(target: StaticTarget, ops: StepOps, prompts: list[torch.Tensor], reps: int) -> tuple[dict, torch.Tensor]:

@@ -154,6 +154,19 @@ def test_a_dynamic_tree_of_fewer_nodes_than_levels_prepares_only_the_reachable_w
     assert proposer.captured.graphs.captures == prepared
 
 
+def test_a_head_beside_a_compiled_target_drafts_with_its_compiled_stages():
+    """The draft forward's pointwise stages are the target's (compiled here by inductor's C++ backend, Triton on
+    CUDA): outputs and counters as with eager stages (fp32, the tiny models' wide greedy margins)."""
+    label = "eagle2-dynamic-tree"
+    compiled, eager = build_target(label, compile=True), build_target(label, compile=False)
+    got_proposer, want_proposer = build_proposer(label, compiled), build_proposer(label, eager)
+    assert got_proposer.captured.ops is compiled.ops and compiled.ops.compiled
+    assert not want_proposer.captured.ops.compiled
+    want, got = decode_all(eager, want_proposer), decode_all(compiled, got_proposer)
+    assert [(g.output_token_ids, g.counters) for g in got] == [(w.output_token_ids, w.counters) for w in want]
+    assert sum(g.counters.num_drafts for g in got) > 0
+
+
 def test_graphs_follow_the_target():
     """Capture exactly beside a StaticTarget that captures its steps; the eager engine and a CPU target without a
     backend draft eagerly, and a reallocated draft cache drops the graphs."""

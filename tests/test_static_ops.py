@@ -83,7 +83,7 @@ def test_compiled_static_target_decodes_as_the_eager_stages():
     model = build("llama3-rope-tied")
     assert not StaticTarget.from_hf_model(model).compiled  # CPU default: eager stages
     compiled, eager = StaticTarget.from_hf_model(model, compile=True), StaticTarget.from_hf_model(model, compile=False)
-    assert compiled.compiled and compiled._ops.compiled
+    assert compiled.compiled and compiled.ops.compiled
     heads = random_heads()
     prompt = torch.arange(5, 30)
     for use in (None, {"num_speculative_tokens": 3}, {"tree": [[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0]]}):

@@ -13,6 +13,7 @@ from torch import nn
 from specbench.eagle.draft_head import EagleHead
 from specbench.eagle.expansion import DraftingRule
 from specbench.engine.graph_capture import StepGraphs
+from specbench.engine.static_ops import EAGER_OPS, StepOps
 from specbench.engine.step_inputs import scatter_rows
 from specbench.engine.transfers import host_to_device
 
@@ -59,8 +60,10 @@ class CapturedHead:
     """
 
     def __init__(self, head: EagleHead, embedding: nn.Module, logits: Callable[[torch.Tensor], torch.Tensor],
-                 graphs: StepGraphs, *, batch_size: int, expansion_slots: int, rule: DraftingRule):
+                 graphs: StepGraphs, *, batch_size: int, expansion_slots: int, rule: DraftingRule,
+                 ops: StepOps = EAGER_OPS):
         self.head, self.embedding, self.logits, self.graphs, self.rule = head, embedding, logits, graphs, rule
+        self.ops = ops  # the draft forward's pointwise stages: the target's, compiled beside a compiling target
         self.expansion_slots = expansion_slots  # C of the expand kind: the most draft nodes one propose writes
         self.cache = head.new_batched_cache(batch_size)  # (2, B, KVH, S, D) with host-known per-slot lengths
         device = self.cache.kv.device
@@ -163,7 +166,7 @@ class CapturedHead:
             rows = torch.where(entries[None, :width] <= self.slots[LAST][:, None], rows, scratch)
         positions = base[:, None] + offset + buffers.spread  # (B, W)
         embeds = self.embedding(buffers.tokens)  # (B, W, H)
-        hidden = self.head.step_batched(embeds, buffers.features, positions, rows, mask, kv)  # (B, W, H)
+        hidden = self.head.step_batched(embeds, buffers.features, positions, rows, mask, kv, self.ops)  # (B, W, H)
         if buffers.catch_up:
             root = hidden[self._rows, self.slots[LAST]]  # (B, H)
             return root, self.logits(root)  # (B, H), (B, V)

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from specbench.engine.static_llama import MLP, Attention, LlamaShape, RMSNorm, rope_inv_freq
-from specbench.engine.static_ops import EAGER_OPS, attention_bias, rotary_tables
+from specbench.engine.static_ops import EAGER_OPS, StepOps
 
 # draft-cache slots allocated before any reserve(); it doubles when a request outgrows it
 DEFAULT_CACHE_SLOTS = 256
@@ -134,13 +134,13 @@ class EagleDecoderLayer(nn.Module):
                 return False
         return True
 
-    def forward(self, x, cos, sin, kv, slots, bias) -> torch.Tensor:
+    def forward(self, x, cos, sin, kv, slots, bias, ops: StepOps = EAGER_OPS) -> torch.Tensor:
         """``x`` (N, H) the fc output of B slots' W rows each; ``kv`` (2, B, KVH, S, D); ``bias`` (B, W, K) over each
-        slot's first K entries."""
-        attn = self.self_attn(x, cos, sin, kv, slots, bias, EAGER_OPS)  # (W, H)
+        slot's first K entries; ``ops`` the pointwise stages (eager, or the target's compiled ones)."""
+        attn = self.self_attn(x, cos, sin, kv, slots, bias, ops)  # (W, H)
         post = self.post_attention_layernorm
-        h, normed = EAGER_OPS.add_rms_norm(x, attn, post.weight, post.eps)  # (W, H) each
-        return h + self.mlp(normed, EAGER_OPS)  # (W, H): not normed; the target's lm_head reads it as it is
+        h, normed = ops.add_rms_norm(x, attn, post.weight, post.eps)  # (W, H) each
+        return h + self.mlp(normed, ops)  # (W, H): not normed; the target's lm_head reads it as it is
 
 
 def draft_attention_mask(width: int, start: int, visible: int | None, block_mask: torch.Tensor | None,
@@ -221,7 +221,7 @@ class EagleHead(nn.Module):
         return BatchedDraftKVCache(batch_size, self.shape.num_kv_heads, self.shape.head_dim, dtype=weight.dtype,
                                    device=weight.device, capacity=capacity)
 
-    def step_batched(self, embeds, features, positions, slots, mask, kv) -> torch.Tensor:
+    def step_batched(self, embeds, features, positions, slots, mask, kv, ops: StepOps = EAGER_OPS) -> torch.Tensor:
         """:meth:`step` over B slots of W rows each: ``embeds`` ``(B, W, H)``, ``features`` ``(B, W, F)``,
         ``positions`` and ``slots`` ``(B, W)`` (each slot's rows written in its own row of ``kv``
         ``(2, B, KVH, S, D)``), ``mask`` ``(B, W, K)`` bool over each slot's first K entries; returns ``(B, W, H)``.
@@ -229,14 +229,15 @@ class EagleHead(nn.Module):
         if not self.layer.fused_current():
             self.prepare()
         batch, width = slots.shape
-        hidden = self.step(embeds.flatten(0, 1), features.flatten(0, 1), positions.flatten(), slots, mask, kv)  # (B * W, H)
+        hidden = self.step(embeds.flatten(0, 1), features.flatten(0, 1), positions.flatten(), slots, mask, kv,
+                           ops)  # (B * W, H)
         return hidden.view(batch, width, -1)
 
-    def step(self, embeds, features, positions, slots, mask, kv) -> torch.Tensor:
+    def step(self, embeds, features, positions, slots, mask, kv, ops: StepOps = EAGER_OPS) -> torch.Tensor:
         """The forward's shape-stable core: B slots' ``N = B * W`` rows ``(N, H)`` written at ``slots`` ``(B, W)`` of
         their rows of ``kv`` ``(2, B, KVH, S, D)``, attending through ``mask`` ``(B, W, K)`` bool over each slot's
         first K entries, at rotary ``positions`` ``(N,)``; only device tensors, no host reads (the region a CUDA graph
-        captures, eagle/captured.py)."""
+        captures, eagle/captured.py). ``ops``: the pointwise stages, eager or compiled (engine/static_ops.py)."""
         x = self.fc(torch.cat([embeds, features.to(embeds.dtype)], dim=-1))  # (W, H): embedding first, as cnets1
-        cos, sin = rotary_tables(self.inv_freq, positions, x.dtype)  # (W, D) each
-        return self.layer(x, cos, sin, kv, slots, attention_bias(mask, x.dtype))  # (W, H)
+        cos, sin = ops.rotary_tables(self.inv_freq, positions, x.dtype)  # (W, D) each
+        return self.layer(x, cos, sin, kv, slots, ops.attention_bias(mask, x.dtype), ops)  # (W, H)

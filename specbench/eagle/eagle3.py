@@ -11,7 +11,7 @@ from torch import nn
 
 from specbench.eagle.draft_head import EagleConfig, EagleDecoderLayer, EagleHead
 from specbench.engine.static_llama import LlamaShape, RMSNorm, rope_inv_freq
-from specbench.engine.static_ops import EAGER_OPS, attention_bias, rotary_tables
+from specbench.engine.static_ops import EAGER_OPS, StepOps
 
 # how many target layers fc fuses (docs/eagle.md#eagle-3)
 NUM_AUX_LAYERS = 3
@@ -61,16 +61,16 @@ class Eagle3DecoderLayer(EagleDecoderLayer):
         self.input_layernorm = RMSNorm(shape.hidden_size, shape.rms_norm_eps)
         self.hidden_norm = RMSNorm(shape.hidden_size, shape.rms_norm_eps)
 
-    def forward(self, embeds, hidden, cos, sin, kv, slots, bias) -> torch.Tensor:
+    def forward(self, embeds, hidden, cos, sin, kv, slots, bias, ops: StepOps = EAGER_OPS) -> torch.Tensor:
         """``embeds``, ``hidden`` (W, H); the residual is ``hidden`` (fc's output or the parent's draft output)."""
         emb_norm, hid_norm = self.input_layernorm, self.hidden_norm
-        normed_hidden = EAGER_OPS.rms_norm(hidden, hid_norm.weight, hid_norm.eps)  # (W, H)
-        x = torch.cat([EAGER_OPS.rms_norm(embeds, emb_norm.weight, emb_norm.eps), normed_hidden], dim=-1)  # (W, 2H)
-        attn = self.self_attn(x, cos, sin, kv, slots, bias, EAGER_OPS)  # (W, H)
+        normed_hidden = ops.rms_norm(hidden, hid_norm.weight, hid_norm.eps)  # (W, H)
+        x = torch.cat([ops.rms_norm(embeds, emb_norm.weight, emb_norm.eps), normed_hidden], dim=-1)  # (W, 2H)
+        attn = self.self_attn(x, cos, sin, kv, slots, bias, ops)  # (W, H)
         post = self.post_attention_layernorm
         residual = normed_hidden if self.norm_before_residual else hidden
-        h, normed = EAGER_OPS.add_rms_norm(residual, attn, post.weight, post.eps)  # (W, H) each
-        return h + self.mlp(normed, EAGER_OPS)  # (W, H): pre-norm, fed back as the next depth's hidden
+        h, normed = ops.add_rms_norm(residual, attn, post.weight, post.eps)  # (W, H) each
+        return h + self.mlp(normed, ops)  # (W, H): pre-norm, fed back as the next depth's hidden
 
 
 class Eagle3Head(EagleHead):
@@ -111,12 +111,12 @@ class Eagle3Head(EagleHead):
     def layer(self) -> Eagle3DecoderLayer:
         return self.midlayer
 
-    def step(self, embeds, features, positions, slots, mask, kv) -> torch.Tensor:
+    def step(self, embeds, features, positions, slots, mask, kv, ops: StepOps = EAGER_OPS) -> torch.Tensor:
         """EagleHead.step's contract; ``features`` (W, 3H) are the target's aux features, through fc first (as
         upstream dispatches on the width), (W, H) the draft's own outputs at the parents, as they are."""
         hidden = features.to(embeds.dtype)
         if hidden.shape[-1] != embeds.shape[-1]:
             hidden = self.fc(hidden)  # (W, H) the fused target features
-        cos, sin = rotary_tables(self.inv_freq, positions, hidden.dtype)  # (W, D) each
-        return self.midlayer(embeds, hidden, cos, sin, kv, slots, attention_bias(mask, hidden.dtype))  # (W, H)
+        cos, sin = ops.rotary_tables(self.inv_freq, positions, hidden.dtype)  # (W, D) each
+        return self.midlayer(embeds, hidden, cos, sin, kv, slots, ops.attention_bias(mask, hidden.dtype), ops)  # (W, H)
 

@@ -63,11 +63,11 @@ class StaticTarget:
         self._step: tuple[str, int, list[int]] | None = None  # the last verify's (kind, width, nodes per slot: 0 idle)
         self._pending = False  # that verify is not committed yet
         self._device_counts: tuple | None = None  # (nodes per slot, the same (B,) on the device) last copied
-        # compiled pointwise stages (and tuned one-row matmuls) by default on CUDA; ``ops`` shares another target's
+        # compiled stages and tuned one-row matmuls by default on CUDA (an EAGLE head's too); ``ops``: another's
         compile = self.device.type == "cuda" if compile is None else bool(compile)
-        self._ops = ops if ops is not None else (
+        self.ops = ops if ops is not None else (
             compiled_ops(autotune_gemv=self.device.type == "cuda") if compile else EAGER_OPS)
-        self.compiled = self._ops.compiled
+        self.compiled = self.ops.compiled
         # the step graphs: one per (kind, width, span) at this B (``captured``, ``captures``, ``replays`` by key), all
         # in one memory pool; eager on the CPU, with cuda_graphs=False, or through ``graph_backend`` (a test's stand-in)
         self.graphs = StepGraphs.for_device(self.device, cuda_graphs, graph_backend)
@@ -102,7 +102,7 @@ class StaticTarget:
         """Another target over this one's module (weights shared, nothing copied) with ``batch_size`` slots, its max
         context, its compiled stages, aux layers and graph setting unless ``options`` (as __init__) say otherwise."""
         options = {"cuda_graphs": self.cuda_graphs, **options}
-        other = type(self)(self.module, self.config, batch_size, max_context=self.max_context, ops=self._ops, **options)
+        other = type(self)(self.module, self.config, batch_size, max_context=self.max_context, ops=self.ops, **options)
         if self.aux_layers:  # an EAGLE-3 proposer already asked this target for its features
             other.set_aux_layers(self.aux_layers)
         return other
@@ -257,8 +257,8 @@ class StaticTarget:
         positions = cache.lengths[:, None] + buffers.depths  # (B, W)
         mask = cache.attention_mask(buffers.tree, span)  # (B, W, K) K = span
         hidden, aux = self.module(buffers.ids.flatten(), positions.flatten(), cache.new_slots(width), mask, cache.kv,
-                                  self._ops, aux_layers=self.aux_layers)  # (B * W, H), (B * W, A * H) or None
-        out = (self.module.logits(hidden, self._ops), hidden, aux)  # (B * W, V), (B * W, H), (B * W, A * H) or None
+                                  self.ops, aux_layers=self.aux_layers)  # (B * W, H), (B * W, A * H) or None
+        out = (self.module.logits(hidden, self.ops), hidden, aux)  # (B * W, V), (B * W, H), (B * W, A * H) or None
         if buffers.outputs is None:
             return out
         for shared, value in zip(buffers.outputs, out):

@@ -16,6 +16,7 @@ from specbench.eagle.expansion import (StaticTreePlan, chain_rule, dynamic_pool_
 from specbench.engine.draft import Draft
 from specbench.engine.graph_capture import GraphBackend, StepGraphs
 from specbench.engine.proposer import ProposerState, SlotProposer
+from specbench.engine.static_ops import EAGER_OPS, StepOps
 from specbench.medusa.trees import TreeSpec, load_tree
 from specbench.proposers.registry import register_proposer
 
@@ -29,8 +30,9 @@ class EagleProposer(SlotProposer):
     def __init__(self, head: EagleHead, lm_head: nn.Module, embedding: nn.Module | None = None, *, batch_size: int = 1,
                  num_speculative_tokens: int | None = None, tree: TreeSpec | None = None, top_k: int | None = None,
                  depth: int | None = None, total_tokens: int | None = None, cuda_graphs: bool = False,
-                 graph_backend: GraphBackend | None = None):
-        """``cuda_graphs``: capture the draft's forwards (on CUDA, or through ``graph_backend``, a test's stand-in)."""
+                 graph_backend: GraphBackend | None = None, ops: StepOps = EAGER_OPS):
+        """``cuda_graphs``: capture the draft's forwards (on CUDA, or through ``graph_backend``, a test's stand-in);
+        ``ops``: their pointwise stages (``from_options``: the target's, compiled beside a compiling static target)."""
         dynamic = {"top_k": top_k, "depth": depth, "total_tokens": total_tokens}
         given = [name for name, on in (("num_speculative_tokens", num_speculative_tokens is not None),
                                        ("tree", tree is not None),
@@ -79,7 +81,7 @@ class EagleProposer(SlotProposer):
         self.embedding = head.embed_tokens if head.embed_tokens is not None else embedding
         if self.embedding is None:
             raise ValueError("this draft head has no embed_tokens of its own; pass the target's embedding")
-        self._graph_options = (cuda_graphs, graph_backend)
+        self._graph_options, self._ops = (cuda_graphs, graph_backend), ops
         self._set_batch_size(batch_size)
 
     def _set_batch_size(self, batch_size: int) -> None:
@@ -90,7 +92,7 @@ class EagleProposer(SlotProposer):
         self.batch_size, self._capacity = batch_size, 0
         graphs = StepGraphs.for_device(self.head.fc.weight.device, *self._graph_options)
         self.captured = CapturedHead(self.head, self.embedding, self._logits, graphs, batch_size=batch_size,
-                                     expansion_slots=self.expansion_slots, rule=self.rule)
+                                     expansion_slots=self.expansion_slots, rule=self.rule, ops=self._ops)
         self.cache = self.captured.cache  # (2, B, KVH, S, D); lengths: draft positions holding the target's features
 
     def with_batch_size(self, batch_size: int) -> "EagleProposer":
@@ -125,7 +127,7 @@ class EagleProposer(SlotProposer):
             cuda_graphs = bool(getattr(target, "cuda_graphs", False))
         drafting = dict(batch_size=target.batch_size, num_speculative_tokens=num_speculative_tokens, tree=tree,
                         top_k=top_k, depth=depth, total_tokens=total_tokens, cuda_graphs=cuda_graphs,
-                        graph_backend=graph_backend)
+                        graph_backend=graph_backend, ops=getattr(target, "ops", EAGER_OPS))
         return cls._for_target(target, head, drafting)
 
     # -- from_options' hooks: what differs between an EAGLE-1/2 head and an EAGLE-3 one -------------------
