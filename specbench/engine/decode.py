@@ -231,7 +231,7 @@ class Decoder:
     def _step(self, slots: list[_Slot | None], active: list[int]) -> None:
         """Propose for every active slot, verify all slots in one forward, verify all slots at once (greedy) and
         commit on the device; the host reads the step's outcome once, then does its per-request bookkeeping."""
-        if self.proposer is None and verifies_greedily(self.config.sampling):
+        if self.proposer is None and self.plain_ahead and verifies_greedily(self.config.sampling):
             return self._plain_step(slots, active)
         drafts = self._propose(slots, active)
         inputs: list[SlotInput | None] = [None] * len(slots)
@@ -268,10 +268,7 @@ class Decoder:
         ends in the step read had one more step queued for it, whose token is dropped."""
         history = self._history
         history.ensure(max(slots[b].length for b in active) + 2)  # the host's lengths lag the device's by a step
-        if self.plain_ahead:  # each root: the last token in the device history, (1,) on the device
-            roots = history.tokens.gather(1, (history.lengths - 1).clamp_min(0)[:, None])  # (B, 1)
-        else:  # the host read the last step: its roots go up with the step's packed inputs
-            roots = [None if s is None else [s.emitted[-1]] for s in slots]
+        roots = history.tokens.gather(1, (history.lengths - 1).clamp_min(0)[:, None])  # (B, 1) each last token
         out = self.target.verify([None if s is None else SlotInput(roots[b], [0]) for b, s in enumerate(slots)])
         step = self.target.verified_step()  # logits (B, 1, V) above; ids (B, 1), counts (B,) here
         verdict = verify_batch(step.ids, out.logits, step.ancestors, step.counts, chain=True)
@@ -279,8 +276,6 @@ class Decoder:
         kept = [int(s is not None) for s in slots]  # (B,) one node per live slot
         self.target.commit_accepted(verdict.kept, None, lambda: kept)
         queued, self._queued = self._queued, (list(slots), read_step(verdict))
-        if not self.plain_ahead:  # the step-by-step loop: read this step before the next is queued
-            queued, self._queued = self._queued, None
         if queued is not None:
             self._read_plain(*queued)
 

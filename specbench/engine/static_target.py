@@ -241,10 +241,10 @@ class StaticTarget:
         """The (kind, width) step over the first ``span`` cache entries: its graph of key (kind, width, span) replayed
         (captured first when new), or the forward eagerly without graphs. Every span's graph writes the same outputs."""
         if self.graphs.enabled and buffers.outputs is None:
-            rows, s = self.batch_size * width, self.module.shape
+            rows, hidden = self.batch_size * width, self.hidden_size
             buffers.outputs = (torch.empty(rows, self.vocab_size, dtype=torch.float32, device=self.device),
-                               torch.empty(rows, s.hidden_size, dtype=self.dtype, device=self.device),
-                               torch.empty(rows, len(self.aux_layers) * s.hidden_size, dtype=self.dtype, device=self.device)
+                               torch.empty(rows, hidden, dtype=self.dtype, device=self.device),
+                               torch.empty(rows, len(self.aux_layers) * hidden, dtype=self.dtype, device=self.device)
                                if self.aux_layers else None)
         return self.graphs.run((kind, width, span), buffers, partial(self._forward, span=span))
 
