@@ -7,10 +7,12 @@ and the readback, not the model. On a CPU each of those device ops runs in
 place of a GPU launch, so the figure tracks the launch count between replays (docs/engines.md#what-is-still-host-side);
 compare trees with it on one machine (bench/in_archive.py for another commit's tree). ``--proposer eagle2``
 times EAGLE-2 steps instead (a random tiny head, dynamic tree top_k 4, depth 4, 16 nodes, its drafting graphs free
-too): what the loop and the proposer launch between replays.
+too), ``medusa-chain`` and ``medusa-tree`` Medusa's (five random heads: a chain of 3, or the published 63-node
+tree, from $SPECBENCH_DATA_DIR): what the loop and the proposer launch between replays. ``--queue-ahead``
+queues greedy steps one ahead of their reads, as on a GPU (plain and Medusa; docs/engines.md#steps-queued-ahead).
 
-    python bench/host_cost.py [--new-tokens 200] [--batch-size 1] [--repeats 7] [--proposer eagle2] [--plain-ahead]
-                              [--profile tottime]
+    python bench/host_cost.py [--new-tokens 200] [--batch-size 1] [--repeats 7] [--queue-ahead] [--profile tottime]
+                              [--proposer {none,eagle2,medusa-chain,medusa-tree}]
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ from specbench.checkpoints.tiny import tiny_llama  # noqa: E402
 from specbench.engine.static_target import StaticTarget  # noqa: E402
 from specbench.eagle.draft_head import EagleConfig, EagleHead  # noqa: E402
 from specbench.proposers.eagle import EagleProposer  # noqa: E402
+from specbench.medusa.heads import MedusaHeads, MedusaHeadsConfig  # noqa: E402
+from specbench.proposers.medusa import MedusaProposer  # noqa: E402
 
 
 class _FreeReplay:
@@ -58,21 +62,35 @@ def eagle2(target: StaticTarget) -> EagleProposer:
     return EagleProposer.from_options(target, head=head, top_k=4, depth=4, total_tokens=16, graph_backend=FreeCapture())
 
 
+def medusa(target: StaticTarget, tree: bool) -> MedusaProposer:
+    """Five random one-layer Medusa heads of the tiny target's sizes: a chain of 3, or the 63-node mc_sim_7b_63 tree."""
+    torch.manual_seed(0)
+    heads = MedusaHeads(MedusaHeadsConfig(5, 1, target.hidden_size, target.vocab_size, True))
+    options = {"tree": "mc_sim_7b_63"} if tree else {"num_speculative_tokens": 3}
+    return MedusaProposer.from_options(target, heads=heads, **options)
+
+
+PROPOSERS = {"none": lambda target: None, "eagle2": eagle2, "medusa-chain": lambda target: medusa(target, False),
+             "medusa-tree": lambda target: medusa(target, True)}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--new-tokens", type=int, default=200, help="max_new_tokens of every request (EOS ignored)")
     parser.add_argument("--batch-size", type=int, default=1, help="slots, each with one 64-token prompt")
     parser.add_argument("--repeats", type=int, default=7, help="timed runs after two warm-ups; the median is printed")
-    parser.add_argument("--proposer", choices=("none", "eagle2"), default="none", help="plain steps (none) or EAGLE-2's")
-    parser.add_argument("--plain-ahead", action="store_true",
-                        help="queue plain steps one ahead of the reads, as on a GPU (a CPU reads each step first)")
+    parser.add_argument("--proposer", choices=tuple(PROPOSERS), default="none",
+                        help="plain steps (none), EAGLE-2's or Medusa's")
+    parser.add_argument("--queue-ahead", action="store_true",
+                        help="queue greedy steps one ahead of their reads, as on a GPU (plain and Medusa; a CPU reads "
+                             "each step first)")
     parser.add_argument("--profile", metavar="SORT", help="also cProfile five runs, sorted by SORT (tottime, cumulative)")
     args = parser.parse_args(argv)
     target = tiny_target(args.batch_size)
     prompts = [torch.randint(0, 512, (64,), generator=torch.Generator().manual_seed(b)) for b in range(args.batch_size)]
     config = GenerationConfig(max_new_tokens=args.new_tokens, ignore_eos=True)
-    decoder = Decoder(target, eagle2(target) if args.proposer == "eagle2" else None, config)
-    decoder.plain_ahead = args.plain_ahead
+    decoder = Decoder(target, PROPOSERS[args.proposer](target), config)
+    decoder.queue_ahead = args.queue_ahead
     run = lambda: decoder.generate_all(prompts)  # noqa: E731
     torch.set_num_threads(1)
     run(), run()
@@ -87,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
         profiler = cProfile.Profile()
         profiler.runcall(lambda: [run() for _ in range(5)])
         pstats.Stats(profiler).sort_stats(args.profile).print_stats(30)
-    kind = ("plain" + (" (queued ahead)" if args.plain_ahead else "")) if args.proposer == "none" else args.proposer
+    kind = ("plain" if args.proposer == "none" else args.proposer) + (" (queued ahead)" if decoder._ahead else "")
     print(f"loop cost per {kind} step, free replays, B = {args.batch_size}: {statistics.median(times) * 1e6:.1f} us "
           f"(median of {args.repeats}; min {min(times) * 1e6:.1f} us)")
     return 0

@@ -5,8 +5,8 @@ ceiling (docs/engines.md). Bench-only: the engine's code is not changed.
 One prompt, N new tokens, greedy, one process, on the static engine's target at batch size 1 (slot 0); each mode
 after a warm-up pass:
   loop      the engine's decode loop (Decoder without a proposer): what plain decoding runs today, each step queued
-            one ahead of the host's reads (docs/engines.md#plain-steps-queued-ahead)
-  loop-sync the same loop reading each step before queueing the next (plain_ahead = False): the A/B of queueing
+            one ahead of the host's reads (docs/engines.md#steps-queued-ahead)
+  loop-sync the same loop reading each step before queueing the next (queue_ahead = False): the A/B of queueing
   verify    target.verify, a host read of the argmax and commit per token: the loop without its bookkeeping
   chained   the plain step's graph replayed back to back (at each step's attention span), the next token fed on the
             device (argmax into the step's input, the cache length advanced on the device): no host read between steps
@@ -50,7 +50,7 @@ PLAIN = ("plain", 1)  # the plain step's (kind, width): its static buffers' key
 def loop_mode(target, prompt: torch.Tensor, n: int, ahead: bool = True) -> tuple[list[int], float]:  # ahead: also on a CPU
     """(tokens, seconds per decode step) of the engine's own plain decoding, its steps queued ahead or not."""
     decoder = Decoder(target, None, GenerationConfig(max_new_tokens=n, ignore_eos=True))
-    decoder.plain_ahead = ahead
+    decoder.queue_ahead = ahead
     result = decoder.generate(prompt)
     return list(result.output_token_ids), result.timing.per_token_latency_s
 

@@ -56,7 +56,7 @@ def phase_breakdown(target, proposer, prompt: torch.Tensor, new_tokens: int, tit
         proposer.propose = clock.wrap("propose", proposer.propose)
     try:
         decoder = Decoder(target, proposer, GenerationConfig(max_new_tokens=new_tokens, ignore_eos=True))
-        decoder.plain_ahead = False  # the clock syncs around each phase: plain steps read one by one, as timed
+        decoder.queue_ahead = False  # the clock syncs around each phase: steps read one by one, as timed
         result = decoder.generate(prompt)
     finally:
         target.verify, target.commit_accepted, decode.verify_batch, decode.read_step = originals

@@ -19,7 +19,7 @@ from specbench.engine.proposer import PerSlotProposer
 from specbench.engine.static_target import StaticTarget
 from specbench.engine.proposer import for_batch
 from specbench.proposers.ngram import NgramProposer
-from test_batched_engine import (assert_each_request_as_alone, decode_alone, eos_mid_run, random_heads,
+from test_batched_engine import (SMALL_TREE, assert_each_request_as_alone, decode_alone, eos_mid_run, random_heads,
                                  tiny_llama_model, tiny_proposers)
 from _host_reads import HostReads
 from test_batched_graphs import FakeCapture
@@ -40,9 +40,9 @@ def eager():
     return HFTarget(tiny_llama_model())  # the eager reference over the same weights
 
 
-def counted_run(static, proposer_for, prompts, config, batch_size, monkeypatch):
+def counted_run(static, proposer_for, prompts, config, batch_size, monkeypatch, ahead=True):
     """A run at ``batch_size`` recording, per step, the host reads and the step readbacks; per-slot verification (the
-    host rule and the sampled one) refused."""
+    host rule and the sampled one) refused; greedy steps queued ahead unless ``ahead`` is False."""
     def refuse(*args, **kwargs):
         raise AssertionError("greedy verification ran per slot")
 
@@ -54,7 +54,7 @@ def counted_run(static, proposer_for, prompts, config, batch_size, monkeypatch):
                         lambda verdict, depths=None: readbacks.append(1) or original_read(verdict, depths))
     target = static.with_batch_size(batch_size)
     decoder = Decoder(target, for_batch(proposer_for(static), batch_size), config)
-    decoder.plain_ahead = True  # as on a GPU (on the CPU, whose ops run as they are called, plain steps read one by one)
+    decoder.queue_ahead = ahead  # as on a GPU (on the CPU, whose ops run as they are called, steps read one by one)
     decoder.generate_all(prompts[:1])  # warm-up: a static tree's depths are read once per run of the decoder
     steps = []
     step = decoder._step
@@ -80,33 +80,43 @@ def test_each_greedy_step_reads_the_device_once_whatever_the_batch_size(tiny, ea
     for batch_size in (1, 4, 7):
         batched, decoder, steps = counted_run(static, proposer_for, prompts, config, batch_size, monkeypatch)
         assert_each_request_as_alone(batched, alone)
-        if label == "plain":  # each greedy plain step reads the one queued before it (Decoder._plain_step)
-            assert steps[0] == (0, 1) and set(steps[1:]) == {(1, 1)}, (batch_size, steps)
-            # every queued step is read but the last; one queued after a request's end counts no step
-            assert len(steps) - 1 - len(prompts) <= decoder.stats.num_steps <= len(steps) - 1
-        else:
-            assert len(steps) == decoder.stats.num_steps > 0
-            assert set(steps) == {(1, 1)}, (batch_size, steps)  # one host read (the readback) per step, at every B
+        # queued ahead (plain, Medusa), each step reads the one queued before it: nothing before the first
+        assert steps[0] == (0, 1) and set(steps[1:]) == {(1, 1)}, (batch_size, steps)
+        # every queued step is read but the last; one queued after a request's end counts no step
+        assert len(steps) - 1 - len(prompts) <= decoder.stats.num_steps <= len(steps) - 1
         assert max(decoder.stats.active_per_step) == min(batch_size, len(prompts))
 
 
 @pytest.mark.parametrize("ahead", [True, False])
-def test_plain_steps_queued_ahead_or_not_decode_as_alone(tiny, eager, ahead):
-    """Greedy plain steps queued one ahead of the host's reads, or read each before the next (the step-by-step
-    loop): requests ending by EOS or max_new_tokens end where they do alone, at every B, and the steps queued after
-    a request's end count no token."""
-    static, _, prompts = tiny
+@pytest.mark.parametrize("label", LABELS)
+def test_steps_queued_ahead_or_not_decode_as_alone(tiny, eager, label, ahead):
+    """Greedy steps queued one ahead of the host's reads (plain, and Medusa, which drafts from the device history's
+    hidden state alone), or read each before the next: requests ending by EOS or max_new_tokens end where they do
+    alone with the same counters, at every B, the steps queued after a request's end count no token, and the host's
+    lengths, advanced by upper bounds while a step was in flight, are settled to the device's."""
+    static, heads, prompts = tiny
+    proposer_for = tiny_proposers(heads)[label]
     eos = eos_mid_run(eager, prompts, 16)
     config = GenerationConfig(max_new_tokens=16, eos_token_ids=(eos,))
-    alone = [Decoder(eager, None, config).generate(p) for p in prompts]
+    alone = decode_alone(eager, proposer_for, prompts, config)
     for batch_size, backend in ((1, None), (4, None), (4, FakeCapture())):  # last: steps replayed as graphs
         target = static.with_batch_size(batch_size, cuda_graphs=backend is not None, graph_backend=backend)
-        decoder = Decoder(target, None, config)
-        decoder.plain_ahead = ahead
+        decoder = Decoder(target, for_batch(proposer_for(static), batch_size), config)
+        decoder.queue_ahead = ahead
+        settled = []
+        settle = target.settle
+        target.settle = lambda surplus: settle(surplus) or settled.append(
+            {b: (target._cache.host_lengths[b], int(target._cache.lengths[b])) for b in surplus})
         assert_each_request_as_alone(decoder.generate_all(prompts), alone)
+        assert decoder._ahead == ahead and bool(settled) == ahead
+        # settled while the next step is in flight: the host counts that step's nodes, the device the ones it kept
+        # (at least its root), so the host is ahead by at most the step's width - 1 (plain: exact)
+        width = {"plain": 1, "medusa-chain": 4, "medusa-tree": len(SMALL_TREE) + 1}[label]
+        for lengths in settled:
+            assert all(host - (width - 1) <= device <= host for host, device in lengths.values()), lengths
         assert decoder.stats.step_tokens == sum(len(r.output_token_ids) - 1 for r in alone)
-        if batch_size == 1:  # one step per token after the first, whichever way
-            assert decoder.stats.num_steps == decoder.stats.step_tokens
+        if batch_size == 1:  # one step per target forward of a request alone, whichever way
+            assert decoder.stats.num_steps == sum(r.counters.num_target_forwards for r in alone)
         assert (sum(target.graphs.replays.values()) > decoder.stats.num_steps) == (backend is not None)
 
 
@@ -124,7 +134,8 @@ def test_the_counter_sees_per_slot_reads(tiny, monkeypatch):
         return verify_batch_greedy(ids, logits, ancestors, counts, chain=chain)
 
     monkeypatch.setattr(decode_module, "verify_batch", per_slot)
-    _, decoder, steps = counted_run(static, tiny_proposers(heads)["medusa-chain"], prompts[:4], config, 4, monkeypatch)
+    _, decoder, steps = counted_run(static, tiny_proposers(heads)["medusa-chain"], prompts[:4], config, 4, monkeypatch,
+                                    ahead=False)  # each step's reads are its own
     assert [reads for reads, _ in steps] == [2 + active for active in decoder.stats.active_per_step]
 
 

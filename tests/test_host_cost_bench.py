@@ -27,3 +27,10 @@ def test_a_free_replay_captures_once_and_never_runs_the_forward_again():
     assert len(result.output_token_ids) == 5
     assert sum(target.graphs.captures.values()) == len(target.graphs.captured)  # each key captured once
     assert sum(target.graphs.replays.values()) >= 4  # every step after the first token replayed a free graph
+
+
+def test_medusa_steps_queued_ahead_are_timed_and_named(capsys):
+    """The chain option needs no data directory (the tree loads the published mc_sim_7b_63 from it)."""
+    assert host_cost.main(["--new-tokens", "6", "--repeats", "1", "--proposer", "medusa-chain", "--queue-ahead"]) == 0
+    line = capsys.readouterr().out.strip().splitlines()[-1]
+    assert line.startswith("loop cost per medusa-chain (queued ahead) step, free replays, B = 1: "), line

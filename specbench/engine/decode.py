@@ -91,7 +91,7 @@ class _Slot:
     first_token_s: float
     counters: SpecCounters = field(default_factory=SpecCounters)
     finished: bool = False
-    ended_at: float | None = None  # when its last token reached the host, if a later step was already queued
+    ended_at: float | None = None  # when its last token reached the host (a step's readback; None: at admission)
 
 
 class Decoder:
@@ -103,16 +103,21 @@ class Decoder:
             proposer = for_batch(proposer, target.batch_size)
         self.target, self.proposer, self.config = target, proposer, config
         self.stats = RunStats()
-        # greedy plain steps queued one ahead of the host's reads, where the device runs apart from the host
-        self.plain_ahead = target.device.type != "cpu"  # (docs/engines.md#plain-steps-queued-ahead)
-        self._queued: tuple | None = None  # the plain step in flight: (its slots' requests, its readback)
-        self._depth_lists: dict[int, tuple[torch.Tensor, list[int]]] = {}  # id -> (a tree's depths, as a list)
+        # greedy steps queued one ahead of their reads (plain; drafted from the device history alone) where the device
+        # runs apart from the host and the target settles host lengths later (docs/engines.md#steps-queued-ahead)
+        self.queue_ahead = target.device.type != "cpu" and hasattr(target, "settle")
+        self._ahead = False  # this run queues ahead (prepare decides)
+        self._queued: tuple | None = None  # the step in flight: what _read takes
+        self._depth_list: tuple[torch.Tensor, list[int]] | None = None  # (the last static tree's depths, as a list)
 
     def prepare(self, prompts: list[torch.Tensor]) -> None:
         """Size every slot for the longest of ``prompts`` (the memory check comes first) and capture every graph they
         can replay (prefills, steps at every span, the proposer's); ``generate_all`` calls it, and a caller that warms
         up on fewer prompts calls it on the full set first, so nothing is captured once the clock runs."""
-        limit, room = self.target.max_context, self.proposer.max_draft_tokens if self.proposer else 0  # room: per step
+        self._ahead = self.queue_ahead and verifies_greedily(self.config.sampling) and (
+            self.proposer is None or self.proposer.reads_hidden_state_only)
+        per_step, in_flight = self.proposer.max_draft_tokens if self.proposer else 0, 1 + self._ahead  # steps in a cache
+        limit, room = self.target.max_context, per_step * in_flight
         for index, prompt in enumerate(prompts):
             if prompt.numel() == 0:
                 raise ValueError(f"prompt {index} is empty: at least one prompt token is needed to start decoding")
@@ -120,11 +125,12 @@ class Decoder:
             if needed > limit:
                 raise ValueError(
                     f"context length exceeded: prompt {index} ({prompt.numel()} tokens) + max_new_tokens "
-                    f"({self.config.max_new_tokens}) + draft tokens per step ({room}) = {needed} > the "
-                    f"target's max context {limit}; shorten the prompt or lower max_new_tokens"
+                    f"({self.config.max_new_tokens}) + draft tokens per step ({per_step}) x steps in flight "
+                    f"({in_flight}) = {needed} > the target's max context {limit}; shorten the prompt or lower "
+                    "max_new_tokens"
                 )
         longest = max(p.numel() for p in prompts) + self.config.max_new_tokens + room
-        self.target.reserve(longest, room)
+        self.target.reserve(longest, per_step)
         self.target.prepare_prefills([p.numel() for p in prompts])  # lone admissions replay these graphs
         kinds = ("plain",) if self.proposer is None else ("plain", "chain", "tree")  # a plain run verifies no draft
         self.target.prepare_steps(min(p.numel() for p in prompts), kinds)  # every step graph, at every attention span
@@ -163,11 +169,11 @@ class Decoder:
             if not active:
                 break
             started = time.perf_counter()
-            self._step(slots, active)  # ends with a step's readback (greedy plain: the step queued before it)
+            self._step(slots, active)  # ends with a step's readback (queued ahead: the step queued before it)
             self.stats.step_s += time.perf_counter() - started
             for b in active:
                 self._retire(slots, b, results, run_start)
-        self._queued = None  # a plain step queued after every request ended: its tokens are nobody's
+        self._queued = None  # a step queued after every request ended: its tokens are nobody's
         return results
 
     def _refill(self, slots, used, queue, prompts, seeds, results, run_start) -> None:
@@ -229,77 +235,64 @@ class Decoder:
         return state.emitted[-1] in self._eos or len(state.emitted) >= self.config.max_new_tokens
 
     def _step(self, slots: list[_Slot | None], active: list[int]) -> None:
-        """Propose for every active slot, verify all slots in one forward, verify all slots at once (greedy) and
-        commit on the device; the host reads the step's outcome once, then does its per-request bookkeeping."""
-        if self.proposer is None and self.plain_ahead and verifies_greedily(self.config.sampling):
-            return self._plain_step(slots, active)
+        """Propose for every active slot, verify all slots in one forward, verify all slots at once (greedy) and commit
+        on the device; the host reads the step's outcome once, then does its per-request bookkeeping. Queued ahead,
+        each root is the last token in the device history, the commit advances the host's lengths by upper bounds, and
+        the host reads the step queued before this one while this one runs (docs/engines.md#steps-queued-ahead)."""
+        ahead, history, device = self._ahead, self._history, self.target.device
         drafts = self._propose(slots, active)
+        roots = history.tokens.gather(1, (history.lengths - 1).clamp_min(0)[:, None]) if ahead else None  # (B, 1)
         inputs: list[SlotInput | None] = [None] * len(slots)
         for b in active:
-            inputs[b] = slot_input(slots[b].emitted[-1], drafts[b], self.target.device, self._host_depths)
+            inputs[b] = slot_input(roots[b] if ahead else slots[b].emitted[-1], drafts[b], device, self._host_depths)
         out = self.target.verify(inputs)  # logits (B, W, V), hidden (B, W, H)
-        self._history.ensure(max(slots[b].length for b in active) + out.logits.shape[1])  # no row clamps a write
+        # no row clamps a write; queued ahead, the host's lengths lag the device's by up to a step
+        history.ensure(max(slots[b].length for b in active) + (1 + ahead) * out.logits.shape[1])
         unknown = [b for b in active if drafts[b].precomputed_depth is None]  # trees drafted anew (EAGLE-2)
         if verifies_greedily(self.config.sampling):
             step = self.target.verified_step()  # ids (B, W), ancestors (B, W, W), counts (B,) on the device
             verdict = verify_batch(step.ids, out.logits, step.ancestors, step.counts, chain=step.chain)
             depths = step.depths.amax(dim=1) if unknown else None  # (B,) each slot's deepest node (padding: 0)
-            readback = read_step(verdict, depths)  # the step's one device-to-host transfer, waited for below
+            readback = read_step(verdict, depths)  # the step's one device-to-host transfer, waited for in _read
             emitted = readback.tokens
         else:
             verdict, tokens = self._verify_sampled(slots, active, drafts, inputs, out)
             emitted, readback, unknown = (lambda: tokens), None, []  # host verification reads them
-        self._history.record(verdict, out)
+        history.record(verdict, out)
         for b in unknown:  # waits for the readback before the commit is queued: it sizes the commit's gather
             drafts[b].precomputed_depth = readback.depths()[b]  # what Draft.depth() would read, slot by slot
         moved = [drafts[b].depth() + 1 for b in active if not drafts[b].is_chain]  # trees: paths may need moving
         source = verdict.nodes[:, : max(moved)] if moved else None  # (B, P) P: the longest possible path
-        self.target.commit_accepted(verdict.kept, source, lambda: [len(t) for t in emitted()])
-        self.stats.num_steps += 1
-        self.stats.active_per_step.append(len(active))
-        tokens = emitted()
-        for b in active:
-            self.stats.step_tokens += self._record(slots[b], drafts[b], tokens[b])
+        bounds = [0 if x is None else len(x) for x in inputs] if ahead else None  # (B,) the most nodes a slot keeps
+        self.target.commit_accepted(verdict.kept, source, (lambda: bounds) if ahead else
+                                    (lambda: [len(t) for t in emitted()]))
+        step = (list(slots), drafts, emitted, bounds)
+        if ahead:
+            step, self._queued = self._queued, step
+        if step is not None:
+            self._read(*step)
 
-    def _plain_step(self, slots: list[_Slot | None], active: list[int]) -> None:
-        """Greedy plain decoding one step ahead: queue this step, then read the one queued before it and do its
-        bookkeeping while this one runs (docs/engines.md#plain-steps-queued-ahead). Nothing is read to queue a step:
-        each root is the last token in the device history and every live slot keeps its one node. A request that
-        ends in the step read had one more step queued for it, whose token is dropped."""
-        history = self._history
-        history.ensure(max(slots[b].length for b in active) + 2)  # the host's lengths lag the device's by a step
-        roots = history.tokens.gather(1, (history.lengths - 1).clamp_min(0)[:, None])  # (B, 1) each last token
-        out = self.target.verify([None if s is None else SlotInput(roots[b], [0]) for b, s in enumerate(slots)])
-        step = self.target.verified_step()  # logits (B, 1, V) above; ids (B, 1), counts (B,) here
-        verdict = verify_batch(step.ids, out.logits, step.ancestors, step.counts, chain=True)
-        history.record(verdict, out)
-        kept = [int(s is not None) for s in slots]  # (B,) one node per live slot
-        self.target.commit_accepted(verdict.kept, None, lambda: kept)
-        queued, self._queued = self._queued, (list(slots), read_step(verdict))
-        if queued is not None:
-            self._read_plain(*queued)
-
-    def _read_plain(self, states: list[_Slot | None], readback) -> None:
-        """Record a queued plain step's tokens for the requests it was queued for, unless they ended before it."""
-        tokens = readback.tokens()  # waits for that step only
+    def _read(self, states: list[_Slot | None], drafts: dict[int, Draft], emitted, bounds: list[int] | None) -> None:
+        """Record a step's tokens for its requests but those that ended before it (queued ahead of their end: dropped,
+        counting no step and no token); settle host lengths its commit advanced by ``bounds`` to the nodes kept."""
+        tokens = emitted()  # waits for that step only
         live = [b for b, state in enumerate(states) if state is not None and not state.finished]
         if live:
             self.stats.num_steps += 1
             self.stats.active_per_step.append(len(live))
+        if bounds is not None:
+            self.target.settle({b: bounds[b] - len(tokens[b]) for b in live})
         for b in live:
-            self.stats.step_tokens += self._record(states[b], _EMPTY_DRAFT, tokens[b])
-            if states[b].finished:  # its last token is on the host: the request's end, before the step queued after
+            self.stats.step_tokens += self._record(states[b], drafts[b], tokens[b])
+            if states[b].finished:  # its last token is on the host: the request's end, before any step queued after
                 states[b].ended_at = time.perf_counter()
 
     def _host_depths(self, depths: torch.Tensor) -> list[int]:
-        """A tree's depths ``(N + 1,)`` as a host list, read once per depths tensor: a static tree (Medusa) hands
-        every slot the same tensor at every step, so its depths cost no read and no copy after the first."""
-        cached = self._depth_lists.get(id(depths))
-        if cached is None or cached[0] is not depths:
-            if len(self._depth_lists) >= 8:  # per-step trees of other proposers: keep the cache small
-                self._depth_lists.clear()
-            cached = self._depth_lists[id(depths)] = (depths, depths.tolist())
-        return cached[1]
+        """A tree's depths ``(N + 1,)`` as a host list, read once per depths tensor: a static tree (Medusa, EAGLE-1)
+        hands every slot the same tensor at every step, so its depths cost no read and no copy after the first."""
+        if self._depth_list is None or self._depth_list[0] is not depths:
+            self._depth_list = (depths, depths.tolist())
+        return self._depth_list[1]
 
     def _verify_sampled(self, slots, active, drafts, inputs, out) -> tuple[BatchVerdict, list[list[int]]]:
         """Sampling: each slot verified on its own with its own generator (rejection sampling of chains on the
@@ -317,10 +310,10 @@ class Decoder:
         if self.proposer is None:
             return {b: _EMPTY_DRAFT for b in active}
         history, states = self._history, {}
-        for b in active:
-            length = slots[b].length
-            states[b] = ProposerState(token_ids=history.tokens[b, :length], hidden_state=history.hidden[b],
-                                      hidden_states=None if history.features is None else history.features[b, : length - 1])
+        for b in active:  # queued ahead, the host's lengths lag a step: the proposer reads the hidden state alone
+            length, ahead = slots[b].length, self._ahead
+            features = None if ahead or history.features is None else history.features[b, : length - 1]  # (T - 1, F)
+            states[b] = ProposerState(None if ahead else history.tokens[b, :length], history.hidden[b], features)
         drafts = self.proposer.propose(states)
         return {b: d if d is not None and len(d) else _EMPTY_DRAFT for b, d in drafts.items()}
 

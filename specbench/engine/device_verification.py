@@ -94,7 +94,7 @@ class StepReadback:
         parts = [verdict.kept[:, None], verdict.emitted] + ([] if depths is None else [depths[:, None]])
         packed = torch.cat(parts, dim=1)  # (B, 1 + W) or (B, 2 + W)
         self._width = verdict.emitted.shape[1]
-        self._depths: list[int] | None = None
+        self._tokens, self._depths = None, None  # per slot: emitted tokens, deepest nodes (filled by tokens())
         self._event = None
         if packed.device.type == "cuda":
             self._host = torch.empty(packed.shape, dtype=packed.dtype, pin_memory=True)
@@ -103,7 +103,6 @@ class StepReadback:
             self._event.record()
         else:
             self._host = packed
-        self._tokens: list[list[int]] | None = None
 
     def tokens(self) -> list[list[int]]:
         """Per slot, the tokens it emits this step (empty for idle slots); the first call waits for the copy."""

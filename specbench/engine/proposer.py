@@ -19,7 +19,8 @@ if TYPE_CHECKING:
 
 @dataclass
 class ProposerState:
-    token_ids: torch.Tensor  # (T,) prompt + emitted tokens; the last one is the root of the next draft
+    # (T,) prompt + emitted tokens, the last the next draft's root (None: steps queued before the host knows T)
+    token_ids: torch.Tensor | None
     # (H,) the target's final hidden state at the position that predicted token_ids[-1]
     hidden_state: torch.Tensor | None = None
     # (T - 1, H) the target's final hidden state at every position but the last: row i predicted token_ids[i + 1]
@@ -71,6 +72,9 @@ class SlotProposer(ABC):
     """Drafts for the active slots of a batch; ``propose`` maps slot -> state to slot -> draft (None: a plain step)."""
 
     needs_hidden_states: bool = False
+    # True: ``propose`` reads only each state's hidden_state, with device ops, and its drafts' shapes are host-known;
+    # then the loop may queue greedy steps ahead of their readback (docs/engines.md#steps-queued-ahead)
+    reads_hidden_state_only: bool = False
 
     @property
     @abstractmethod

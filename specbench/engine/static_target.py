@@ -346,12 +346,19 @@ class StaticTarget:
             source = host_to_device(rows, self.device)  # (B, W) the identity beyond each path
         self.commit_accepted(host_to_device(kept, self.device), source, lambda: kept)
 
+    def settle(self, surplus: dict[int, int]) -> None:
+        """Lower slot b's host length by ``surplus[b]``: a commit queued ahead of its readback advanced it by an upper
+        bound of the nodes kept, which the readback now knows (docs/engines.md#steps-queued-ahead)."""
+        for slot, extra in surplus.items():
+            self._cache.host_lengths[slot] -= extra
+
     @torch.inference_mode()
     def commit_accepted(self, kept: torch.Tensor, source: torch.Tensor | None, host_kept) -> None:
         """Commit from device tensors, nothing read back: ``kept`` ``(B,)`` nodes per slot (0 idle), ``source``
         ``(B, P)`` each slot's accepted nodes ascending then the identity (None: every path is a prefix, nothing
         moves; P >= the longest path). The device work is queued first, then ``host_kept()`` (the host's list of
-        ``kept``, e.g. the step's readback) advances the host mirror of the lengths."""
+        ``kept``, e.g. the step's readback, or upper bounds that :meth:`settle` lowers later) advances the host
+        mirror of the lengths."""
         if not self._pending:
             raise ValueError("commit without a verify to commit")
         if source is not None:

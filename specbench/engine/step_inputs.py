@@ -27,14 +27,16 @@ class SlotInput:
         return len(self.ids) + (0 if self.tail is None else self.tail.numel())
 
 
-def slot_input(root: int, draft: Draft, device: torch.device, read_depths=None) -> SlotInput:
-    """Slot input ``[root, *draft]``: the root is host-known; a draft on ``device`` (Medusa, EAGLE, n-gram) goes as
-    the input's device-held tail, one held on the host for a GPU target (scripted) is packed on the host. Chain
+def slot_input(root: int | torch.Tensor, draft: Draft, device: torch.device, read_depths=None) -> SlotInput:
+    """Slot input ``[root, *draft]``: the root is host-known, or a ``(1,)`` device tensor for a step queued ahead of
+    the host's reads; a draft on ``device`` (Medusa, EAGLE, n-gram) goes as the input's device-held tail, one held
+    on the host for a GPU target (scripted) is packed on the host with a host-known root. Chain
     depths are ``0..N`` without reading the draft; a tree drafted anew on the device (EAGLE-2) keeps its depths
     there; a static tree's ``(N + 1,)`` depths go through ``read_depths`` (default: read them; the decoder reads
     each tree once)."""
+    head = [root] if isinstance(root, int) else root
     if not len(draft):
-        return SlotInput([root], [0])
+        return SlotInput(head, [0])
     on_host = draft.tokens.device != device  # host-held (a CPU tensor): the whole input is host-known
     if draft.is_chain:
         depths = list(range(len(draft) + 1))
@@ -45,7 +47,7 @@ def slot_input(root: int, draft: Draft, device: torch.device, read_depths=None) 
     mask = None if draft.is_chain else draft.tree_mask()  # (N + 1, N + 1) or None
     if on_host:
         return SlotInput([root, *draft.tokens.tolist()], depths, mask)
-    return SlotInput([root], depths, mask, tail=draft.tokens)
+    return SlotInput(head, depths, mask, tail=draft.tokens)
 
 
 @dataclass
