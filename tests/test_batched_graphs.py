@@ -15,8 +15,8 @@ from specbench.engine.static_cache import attention_span, attention_spans
 from specbench.engine.static_target import StaticTarget
 from specbench.engine.step_inputs import SlotInput
 from specbench.engine.proposer import for_batch
-from test_batched_engine import (assert_each_request_as_alone, decode_alone, random_heads, tiny_llama_model,
-                                 tiny_proposers)
+from test_batched_engine import (assert_each_request_as_alone, decode_alone, eos_mid_run, random_heads,
+                                 tiny_llama_model, tiny_proposers)
 from _op_tape import record
 from _prompts import random_prompt, repetitive_prompt
 
@@ -188,17 +188,20 @@ def test_outputs_are_copies_and_a_new_cache_or_aux_layers_drop_the_graphs(tiny):
 @pytest.mark.large_gpu(min_gb=1)
 @pytest.mark.parametrize("compile", [False, True])
 def test_cuda_captured_engine_equals_eager_and_the_reference(compile):
-    """On a GPU: the static engine replaying CUDA graphs (fp32, tiny random Llama, B = 1 and 3 over ragged prompts)
-    emits every request's greedy tokens and counters as the eager static engine and the eager reference HFTarget."""
+    """On a GPU: the static engine replaying CUDA graphs (fp32, tiny random Llama, B = 1 and 3 over ragged prompts,
+    EOS ending requests at different steps) emits every request's greedy tokens and counters as the eager static
+    engine and the eager reference HFTarget. Plain and Medusa steps are queued ahead of their reads there, as on
+    any GPU (docs/engines.md#steps-queued-ahead): slots end and refill while the next step is in flight."""
     model = tiny_llama_model().to("cuda")
     static = StaticTarget.from_hf_model(model, compile=compile)
     assert static.cuda_graphs
     hf = HFTarget(model)
     heads = random_heads().to("cuda")
     prompts = [repetitive_prompt(0), random_prompt(5, 1), repetitive_prompt(2), random_prompt(21, 3), random_prompt(2, 4)]
-    config = GenerationConfig(max_new_tokens=16, ignore_eos=True)
+    config = GenerationConfig(max_new_tokens=16, eos_token_ids=(eos_mid_run(hf, prompts, 16),))
     for label, proposer_for in tiny_proposers(heads).items():
         alone = decode_alone(hf, proposer_for, prompts, config)
+        assert {r.finish_reason for r in alone} == {"eos", "length"}, label
         for batch_size in (1, 3):
             graphed = static.with_batch_size(batch_size)
             eager = static.with_batch_size(batch_size, cuda_graphs=False)
