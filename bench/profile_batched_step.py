@@ -97,6 +97,7 @@ def profile(static, heads, run: str, batch: int, args) -> dict:
     target = static.with_batch_size(batch)  # the weights shared
     Decoder(target, for_batch(proposer_for(run, static, heads), batch), config).generate_all(prompts[:batch])
     decoder = Decoder(target, for_batch(proposer_for(run, static, heads), batch), config)
+    decoder.queue_ahead = False  # the clock syncs around each phase: steps read one by one, as timed
     clock = PhaseClock(static.device)
     undo = instrument(clock, decoder)
     try:

@@ -29,8 +29,8 @@ def context_message(prompt_len: int, max_new_tokens: int, draft_room: int, limit
     needed = prompt_len + max_new_tokens + draft_room
     return (
         f"context length exceeded: prompt {index} ({prompt_len} tokens) + max_new_tokens ({max_new_tokens}) + draft "
-        f"tokens per step ({draft_room}) x steps in flight (1) = {needed} > the target's max context {limit}; shorten "
-        "the prompt or lower max_new_tokens"
+        f"tokens per step ({draft_room}) = {needed} > the target's max context {limit}; shorten the prompt or lower "
+        "max_new_tokens"
     )
 
 

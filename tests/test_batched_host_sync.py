@@ -120,6 +120,24 @@ def test_steps_queued_ahead_or_not_decode_as_alone(tiny, eager, label, ahead):
         assert (sum(target.graphs.replays.values()) > decoder.stats.num_steps) == (backend is not None)
 
 
+def test_where_two_steps_drafts_do_not_fit_the_steps_are_read_one_by_one(tiny, eager):
+    """A run whose longest request fits the context with one step's draft but not with two reads each step before
+    queueing the next (no context error that only a GPU would raise), and decodes as alone; one more token of
+    context and it queues ahead again."""
+    static, heads, prompts = tiny
+    proposer_for = tiny_proposers(heads)["medusa-chain"]  # K = 3
+    config = GenerationConfig(max_new_tokens=8, ignore_eos=True)
+    alone = decode_alone(eager, proposer_for, prompts[:4], config)
+    needed = max(p.numel() for p in prompts[:4]) + 8 + 3  # prompt + max_new_tokens + one step's draft
+    for max_context, ahead in ((needed, False), (needed + 2, False), (needed + 3, True)):
+        target = StaticTarget(static.module, static.config, 2, max_context=max_context)
+        decoder = Decoder(target, for_batch(proposer_for(static), 2), config)
+        decoder.queue_ahead = True
+        assert_each_request_as_alone(decoder.generate_all(prompts[:4]), alone)
+        assert decoder._ahead == ahead, max_context
+        assert target.cache_capacity == needed + 3 * ahead  # the second step's draft room only when queued ahead
+
+
 def test_the_counter_sees_per_slot_reads(tiny, monkeypatch):
     """The check above would catch per-slot syncs: verifying each slot on its own and reading its verdict back (the
     loop's former way) makes one host read per active slot per step, beside the read of the counts and the step's."""

@@ -91,7 +91,7 @@ class _Slot:
     first_token_s: float
     counters: SpecCounters = field(default_factory=SpecCounters)
     finished: bool = False
-    ended_at: float | None = None  # when its last token reached the host (a step's readback; None: at admission)
+    ended_at: float | None = None  # when its last token reached the host, if a later step was already queued
 
 
 class Decoder:
@@ -105,8 +105,7 @@ class Decoder:
         self.stats = RunStats()
         # greedy steps queued one ahead of their reads (plain; drafted from the device history alone) where the device
         # runs apart from the host and the target settles host lengths later (docs/engines.md#steps-queued-ahead)
-        self.queue_ahead = target.device.type != "cpu" and hasattr(target, "settle")
-        self._ahead = False  # this run queues ahead (prepare decides)
+        self.queue_ahead = target.device.type != "cpu"
         self._queued: tuple | None = None  # the step in flight: what _read takes
         self._depth_list: tuple[torch.Tensor, list[int]] | None = None  # (the last static tree's depths, as a list)
 
@@ -114,10 +113,12 @@ class Decoder:
         """Size every slot for the longest of ``prompts`` (the memory check comes first) and capture every graph they
         can replay (prefills, steps at every span, the proposer's); ``generate_all`` calls it, and a caller that warms
         up on fewer prompts calls it on the full set first, so nothing is captured once the clock runs."""
-        self._ahead = self.queue_ahead and verifies_greedily(self.config.sampling) and (
-            self.proposer is None or self.proposer.reads_hidden_state_only)
-        per_step, in_flight = self.proposer.max_draft_tokens if self.proposer else 0, 1 + self._ahead  # steps in a cache
-        limit, room = self.target.max_context, per_step * in_flight
+        limit, room = self.target.max_context, self.proposer.max_draft_tokens if self.proposer else 0  # room: per step
+        longest = max(p.numel() for p in prompts) + self.config.max_new_tokens
+        # queued ahead, a slot's cache holds two steps' drafts; where they do not fit, steps are read one by one
+        self._ahead = (self.queue_ahead and hasattr(self.target, "settle") and longest + 2 * room <= limit
+                       and verifies_greedily(self.config.sampling)
+                       and (self.proposer is None or self.proposer.reads_hidden_state_only))
         for index, prompt in enumerate(prompts):
             if prompt.numel() == 0:
                 raise ValueError(f"prompt {index} is empty: at least one prompt token is needed to start decoding")
@@ -125,12 +126,11 @@ class Decoder:
             if needed > limit:
                 raise ValueError(
                     f"context length exceeded: prompt {index} ({prompt.numel()} tokens) + max_new_tokens "
-                    f"({self.config.max_new_tokens}) + draft tokens per step ({per_step}) x steps in flight "
-                    f"({in_flight}) = {needed} > the target's max context {limit}; shorten the prompt or lower "
-                    "max_new_tokens"
+                    f"({self.config.max_new_tokens}) + draft tokens per step ({room}) = {needed} > the "
+                    f"target's max context {limit}; shorten the prompt or lower max_new_tokens"
                 )
-        longest = max(p.numel() for p in prompts) + self.config.max_new_tokens + room
-        self.target.reserve(longest, per_step)
+        longest += room * (1 + self._ahead)
+        self.target.reserve(longest, room)
         self.target.prepare_prefills([p.numel() for p in prompts])  # lone admissions replay these graphs
         kinds = ("plain",) if self.proposer is None else ("plain", "chain", "tree")  # a plain run verifies no draft
         self.target.prepare_steps(min(p.numel() for p in prompts), kinds)  # every step graph, at every attention span
@@ -204,9 +204,10 @@ class Decoder:
     def _admit(self, free: list[int], indices: list[int], prompts: list[torch.Tensor], seeds: list[int]) -> list[_Slot]:
         """Prefill ``prompts`` into slots ``free`` in one group and take each one's first token: each
         request's TTFT is the group's (docs/batching.md#admission)."""
-        device = self.target.device
-        _synchronize(device)
+        device, started = self.target.device, time.perf_counter()
+        _synchronize(device)  # a step queued ahead runs out first: its time is the steps'
         admitted_at = time.perf_counter()
+        self.stats.step_s += admitted_at - started
         on_device = [p.to(device) for p in prompts]
         prefills = self.target.prefill_many(free, on_device)
         generators = [torch.Generator(device=device).manual_seed(seed) for seed in seeds]
@@ -284,7 +285,7 @@ class Decoder:
             self.target.settle({b: bounds[b] - len(tokens[b]) for b in live})
         for b in live:
             self.stats.step_tokens += self._record(states[b], drafts[b], tokens[b])
-            if states[b].finished:  # its last token is on the host: the request's end, before any step queued after
+            if bounds is not None and states[b].finished:  # its last token is on the host: its end, not the next step's
                 states[b].ended_at = time.perf_counter()
 
     def _host_depths(self, depths: torch.Tensor) -> list[int]:
@@ -298,8 +299,7 @@ class Decoder:
         """Sampling: each slot verified on its own with its own generator (rejection sampling of chains on the
         device, trees on the host); the verdict goes back in one copy."""
         step_ids = self.target.verified_step().ids  # (B, W)
-        paths: list[list[int] | None] = [None] * len(slots)
-        emitted: list[list[int]] = [[] for _ in slots]
+        paths, emitted = [None] * len(slots), [[] for _ in slots]  # per slot: accepted nodes, emitted tokens
         for b in active:
             n = len(inputs[b])
             paths[b], emitted[b] = verify_sampled(drafts[b], step_ids[b, :n], out.logits[b, :n], self.config.sampling,

@@ -72,8 +72,8 @@ class SlotProposer(ABC):
     """Drafts for the active slots of a batch; ``propose`` maps slot -> state to slot -> draft (None: a plain step)."""
 
     needs_hidden_states: bool = False
-    # True: ``propose`` reads only each state's hidden_state, with device ops, and its drafts' shapes are host-known;
-    # then the loop may queue greedy steps ahead of their readback (docs/engines.md#steps-queued-ahead)
+    # True: propose reads each state's hidden_state alone, on the device, into host-known draft shapes (a subclass
+    # reading more sets it False), so greedy steps may be queued ahead of reads (docs/engines.md#steps-queued-ahead)
     reads_hidden_state_only: bool = False
 
     @property
