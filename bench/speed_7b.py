@@ -1,12 +1,13 @@
 """GPU speed benchmark on the 7B shape at batch 1: both engines side by side in one run.
 
-Measures, on the weights `specbench zoo synth` wrote, for each engine (static: preallocated cache and
-one CUDA graph per step kind over torch.compile-fused pointwise stages; static-unfused: the same graphs
-over the eager stages; eager: HFTarget over transformers' dynamic cache): plain decoding tok/s;
-verification cost T(k)/T(1) for k = 1..8 and a 63-node tree; speculative decoding at forced full
-acceptance (an oracle proposing the target's own greedy continuation) and at a synthetic per-position
-acceptance profile. Then transformers `generate` on the same weights (eager dynamic cache and static
-cache + torch.compile) as the peer, and the ceiling = copy bandwidth / weight bytes per token.
+Measures, on the weights `specbench zoo synth` wrote, for each engine (static: preallocated cache and one CUDA
+graph per step kind over torch.compile-fused pointwise stages; static-unfused: the same graphs over the eager
+stages; eager: HFTarget over transformers' dynamic cache): plain decoding tok/s; verification cost T(k)/T(1) for
+k = 1..8 and a 63-node tree; speculative decoding at forced full acceptance (an oracle proposing the target's
+own greedy continuation: scripted on the host, read each step, and drafted on the device, queued ahead:
+bench/device_oracle.py) and at a synthetic per-position acceptance profile. Then transformers `generate` on the
+same weights (eager dynamic cache and static cache + torch.compile) as the peer, and the ceiling = copy
+bandwidth / weight bytes per token.
 Graph capture and warm-up are timed apart and never enter tok/s. Prints a table, writes JSON.
 
     python bench/speed_7b.py SYNTH_DIR OUT_DIR [--engines static,static-unfused,eager] [--device cuda]
@@ -28,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _phase_clock import sync  # noqa: E402
+from device_oracle import DeviceOracle  # noqa: E402
 
 from specbench.checkpoints.resolve import load_target_model  # noqa: E402
 from specbench.engine.decode import Decoder, GenerationConfig  # noqa: E402
@@ -170,6 +172,10 @@ def measure_engine(target, prompt, truth, args) -> dict:
         oracle_figures = figures[f"spec_full_acceptance_k{k}"] = {key: full[key] for key in RATE_KEYS}
         oracle_figures["fraction_of_ideal"] = full["decode_tokens_per_s"] / (ideal * plain["decode_tokens_per_s"])
         oracle_figures["fraction_of_ideal_with_prefill"] = full["tokens_per_s"] / (ideal * plain["tokens_per_s"])
+        queued = decode_rate(target, DeviceOracle(truth, k, target.device), prompt, args.new_tokens)  # queued ahead
+        figures[f"spec_full_acceptance_k{k}_device"] = {key: queued[key] for key in RATE_KEYS}
+        figures[f"spec_full_acceptance_k{k}_device"]["fraction_of_ideal"] = (
+            queued["decode_tokens_per_s"] / (ideal * plain["decode_tokens_per_s"]))
         profiled = decode_rate(target, ScriptedProposer(truth, k, vocab, position_accuracy=MEDUSA_PROFILE), prompt, args.new_tokens)
         figures[f"spec_medusa_profile_k{k}"] = {key: profiled[key] for key in RATE_KEYS}
     return figures
@@ -314,15 +320,19 @@ def main() -> int:
             rows.append((f"specbench {engine}: full acceptance, K={k} (MAL {full['mean_acceptance_length']:.2f}, "
                          f"{full['fraction_of_ideal']:.2f} of ideal, {full['fraction_of_ideal_with_prefill']:.2f} with prefill)",
                          full["tokens_per_s"]))
+            queued = measured[f"spec_full_acceptance_k{k}_device"]
+            rows.append((f"specbench {engine}: full acceptance, K={k}, device oracle (MAL "
+                         f"{queued['mean_acceptance_length']:.2f}, {queued['fraction_of_ideal']:.2f} of ideal)",
+                         queued["tokens_per_s"]))
             rows.append((f"specbench {engine}: Medusa-7B profile, K={k} (MAL {profiled['mean_acceptance_length']:.2f})",
                          profiled["tokens_per_s"]))
     if "spec_full_acceptance_k3_cudnn_attention" in figures:
         rows.append(("specbench eager: full acceptance, K=3, cuDNN attention allowed (cold shapes)",
                      figures["spec_full_acceptance_k3_cudnn_attention"]["tokens_per_s"]))
-    lines = [f"{'what':84} {'tok/s':>8} {'/ceiling':>9} {'/HF eager':>10} {'/HF compile':>12}"]
+    lines = [f"{'what':96} {'tok/s':>8} {'/ceiling':>9} {'/HF eager':>10} {'/HF compile':>12}"]
     for label, rate in rows:
         versus_compiled = f"{rate / compiled:12.2f}" if compiled else f"{'n/a':>12}"
-        lines.append(f"{label:84} {rate:8.1f} {rate / ceiling:9.2f} {rate / peer:10.2f} {versus_compiled}")
+        lines.append(f"{label:96} {rate:8.1f} {rate / ceiling:9.2f} {rate / peer:10.2f} {versus_compiled}")
     for engine in engines:
         plain_figures = figures[engine]["plain"]
         lines.append(f"{engine}: plain decode phase {plain_figures['decode_tokens_per_s']:.1f} tok/s after a "
