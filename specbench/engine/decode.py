@@ -205,9 +205,9 @@ class Decoder:
         """Prefill ``prompts`` into slots ``free`` in one group and take each one's first token: each
         request's TTFT is the group's (docs/batching.md#admission)."""
         device, started = self.target.device, time.perf_counter()
-        _synchronize(device)  # a step queued ahead runs out first: its time is the steps'
+        _synchronize(device)  # a step of this run queued ahead runs out first: its time is the steps'
         admitted_at = time.perf_counter()
-        self.stats.step_s += admitted_at - started
+        self.stats.step_s += admitted_at - started if self._queued is not None else 0.0
         on_device = [p.to(device) for p in prompts]
         prefills = self.target.prefill_many(free, on_device)
         generators = [torch.Generator(device=device).manual_seed(seed) for seed in seeds]
