@@ -7,7 +7,10 @@ state changing between replays. :class:`OpTape` records every aten op of the reg
 runs the same ops in order, each reading the replay's own values of the tensors the region made and the current
 contents of the tensors it did not (inputs, weights, caches), and finally copies the region's outputs into the
 tensors the capture returned, as a graph's static outputs. A host read inside the region is refused, as CUDA's
-capture refuses it.
+capture refuses it, and so is every op that reads the device on CUDA although it does not on the CPU: an output
+sized by the data (nonzero, a boolean mask's indexing, masked_select, unique, bincount, repeat_interleave without
+output_size, a value comparison returning a Python bool), a tensor made from Python data (an upload from pageable memory) and a copy
+to another device.
 """
 
 from __future__ import annotations
@@ -15,7 +18,22 @@ from __future__ import annotations
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-HOST_READS = {torch.ops.aten._local_scalar_dense.default, torch.ops.aten.nonzero.default}
+aten = torch.ops.aten
+HOST_READS = {aten._local_scalar_dense.default, aten.nonzero.default, aten.masked_select.default, aten._unique2.default,
+              aten.unique_dim.default, aten.unique_consecutive.default, aten.bincount.default, aten.equal.default,
+              aten.is_nonzero.default, aten.lift_fresh.default}
+
+
+BOOL_INDEXED = {aten.index.Tensor, aten.index_put.default, aten.index_put_.default}  # a bool mask becomes nonzero
+
+
+def reads_the_device(func, args: tuple, kwargs: dict) -> bool:
+    """Whether ``func`` reads the device (or uploads from pageable memory) on CUDA: refused while capturing."""
+    if func is aten.repeat_interleave.Tensor:
+        return kwargs.get("output_size") is None  # its output's size comes from the data
+    if func in BOOL_INDEXED:
+        return any(index is not None and index.dtype == torch.bool for index in args[1])
+    return func in HOST_READS or (func is aten._to_copy.default and "device" in kwargs)
 
 
 class OpTape(TorchDispatchMode):
@@ -26,9 +44,9 @@ class OpTape(TorchDispatchMode):
         self.ops: list[tuple] = []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func in HOST_READS:
-            raise RuntimeError(f"{func} reads the device inside a captured region (CUDA's capture would refuse it)")
         kwargs = kwargs or {}
+        if reads_the_device(func, args, kwargs):
+            raise RuntimeError(f"{func} reads the device inside a captured region (CUDA's capture would refuse it)")
         out = func(*args, **kwargs)
         self.ops.append((func, args, kwargs, out))
         return out

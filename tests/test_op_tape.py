@@ -47,3 +47,24 @@ def test_python_decisions_taken_during_the_capture_stay_taken():
 def test_a_host_read_inside_the_region_is_refused():
     with pytest.raises(RuntimeError, match="reads the device inside a captured region"):
         record(lambda x: (x * int(x.sum().item()),), torch.ones(2))
+
+
+@pytest.mark.parametrize("region", [
+    lambda x: (x[x > 0],),  # boolean indexing: nonzero
+    lambda x: (x.index_put_((x > 0,), torch.zeros(())),),  # a boolean mask's assignment
+    lambda x: (torch.masked_select(x, x > 0),),
+    lambda x: (torch.unique(x),),
+    lambda x: (torch.repeat_interleave(x, torch.ones(2, dtype=torch.long)),),  # its size from the data
+    lambda x: (x + torch.tensor([1.0, 2.0]),),  # an upload from Python data
+    lambda x: (x.to("meta"),),  # a copy to another device
+], ids=["bool-index", "bool-index-put", "masked-select", "unique", "repeat-interleave", "python-data", "other-device"])
+def test_ops_that_read_the_device_on_cuda_are_refused_on_the_cpu_too(region):
+    with pytest.raises(RuntimeError, match="reads the device inside a captured region"):
+        record(region, torch.ones(2))
+
+
+def test_repeat_interleave_with_its_output_size_is_allowed():
+    graph, outputs = record(lambda x: (torch.repeat_interleave(x, torch.ones(2, dtype=torch.long), output_size=2),),
+                            torch.ones(2))
+    graph.replay()
+    assert outputs[0].tolist() == [1.0, 1.0]
