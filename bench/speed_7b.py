@@ -173,9 +173,9 @@ def measure_engine(target, prompt, truth, args) -> dict:
         oracle_figures["fraction_of_ideal"] = full["decode_tokens_per_s"] / (ideal * plain["decode_tokens_per_s"])
         oracle_figures["fraction_of_ideal_with_prefill"] = full["tokens_per_s"] / (ideal * plain["tokens_per_s"])
         queued = decode_rate(target, DeviceOracle(truth, k, target.device), prompt, args.new_tokens)  # queued ahead
-        figures[f"spec_full_acceptance_k{k}_device"] = {key: queued[key] for key in RATE_KEYS}
-        figures[f"spec_full_acceptance_k{k}_device"]["fraction_of_ideal"] = (
-            queued["decode_tokens_per_s"] / (ideal * plain["decode_tokens_per_s"]))
+        figures[f"spec_full_acceptance_k{k}_device"] = {
+            **{key: queued[key] for key in RATE_KEYS},
+            "fraction_of_ideal": queued["decode_tokens_per_s"] / (ideal * plain["decode_tokens_per_s"])}
         profiled = decode_rate(target, ScriptedProposer(truth, k, vocab, position_accuracy=MEDUSA_PROFILE), prompt, args.new_tokens)
         figures[f"spec_medusa_profile_k{k}"] = {key: profiled[key] for key in RATE_KEYS}
     return figures

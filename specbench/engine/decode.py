@@ -309,9 +309,9 @@ class Decoder:
     def _propose(self, slots: list[_Slot | None], active: list[int]) -> dict[int, Draft]:
         if self.proposer is None:
             return {b: _EMPTY_DRAFT for b in active}
-        history, states = self._history, {}
+        history, states, ahead = self._history, {}, self._ahead
         for b in active:  # queued ahead, the host's lengths lag a step: the proposer reads the hidden state alone
-            length, ahead = slots[b].length, self._ahead
+            length = slots[b].length
             features = None if ahead or history.features is None else history.features[b, : length - 1]  # (T - 1, F)
             states[b] = ProposerState(None if ahead else history.tokens[b, :length], history.hidden[b], features)
         drafts = self.proposer.propose(states)

@@ -111,10 +111,10 @@ def run_batched_case(case: Case, *, progress: bool = True, target=None, tokenize
     prompts, prompt_source = load_prompt_ids(case, tokenizer, target.vocab_size)
     ids = [torch.as_tensor(p, dtype=torch.long) for _, p in prompts]
     seeds = [case.seed + index for index in range(len(prompts))]
-    room, longest = proposer.max_draft_tokens if proposer else 0, max(p.numel() for p in ids) + case.max_new_tokens
-    # the memory check (bytes needed and free) and the one cache allocation, before per-slot state or warm-up: with
-    # a second step's draft room where it fits, for steps queued ahead (Decoder.prepare)
-    target.reserve(min(longest + 2 * room, max(target.max_context, longest + room)), room)
+    room = proposer.max_draft_tokens if proposer else 0
+    # the memory check (bytes needed and free) and the cache allocation, before per-slot state or warm-up (where steps
+    # are queued ahead, Decoder.prepare grows it by a second step's draft: plain and Medusa, with no per-slot state)
+    target.reserve(max(p.numel() for p in ids) + case.max_new_tokens + room, room)
     batched_proposer = batched_form(case, static, proposer, case.batch_size)
     plain_decoder, spec_decoder = Decoder(target, None, config), Decoder(target, batched_proposer, config)
     # every graph the whole prompt set can replay (prefills, steps at every span, the proposer's at its full size),
