@@ -42,14 +42,14 @@ class Spin:
 
 class Slowed:
     """``inner`` with every attribute delegated, and ``spin`` after each call of its method ``method``
-    (the target's ``verify`` or the proposer's ``propose``)."""
+    (the target's ``verify`` or the proposer's ``propose``, and its form for steps queued ahead, ``propose_queued``)."""
 
     def __init__(self, inner, method: str, spin: Spin):
         self._inner, self._method, self._spin = inner, method, spin
 
     def __getattr__(self, name):
         attr = getattr(self._inner, name)
-        if name != self._method:
+        if name not in (self._method, f"{self._method}_queued"):
             return attr
 
         def slowed(*args, **kwargs):

@@ -17,7 +17,7 @@ from specbench.engine.proposer import ProposerState, SlotProposer
 class DeviceOracle(SlotProposer):
     """Drafts ``truth[p : p + K]`` for a slot at output position p (output token 0 comes from the prefill)."""
 
-    reads_hidden_state_only = True  # it reads no state at all: each draft is a device slice at a host-known position
+    queues_ahead = True  # it reads no state at all: each draft is a device slice at a host-known position
 
     def __init__(self, truth: list[int], num_speculative_tokens: int, device, batch_size: int = 1):
         self.k, self.truth_ids, self.device = num_speculative_tokens, list(truth), torch.device(device)

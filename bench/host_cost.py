@@ -9,7 +9,7 @@ compare trees with it on one machine (bench/in_archive.py for another commit's t
 times EAGLE-2 steps instead (a random tiny head, dynamic tree top_k 4, depth 4, 16 nodes, its drafting graphs free
 too), ``medusa-chain`` and ``medusa-tree`` Medusa's (five random heads: a chain of 3, or the published 63-node
 tree, from $SPECBENCH_DATA_DIR): what the loop and the proposer launch between replays. ``--queue-ahead``
-queues greedy steps one ahead of their reads, as on a GPU (plain and Medusa; docs/engines.md#steps-queued-ahead).
+queues greedy steps one ahead of their reads, as on a GPU (plain, Medusa and EAGLE; docs/engines.md#steps-queued-ahead).
 
     python bench/host_cost.py [--new-tokens 200] [--batch-size 1] [--repeats 7] [--queue-ahead] [--profile tottime]
                               [--proposer {none,eagle2,medusa-chain,medusa-tree}]
@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--proposer", choices=tuple(PROPOSERS), default="none",
                         help="plain steps (none), EAGLE-2's or Medusa's")
     parser.add_argument("--queue-ahead", action="store_true",
-                        help="queue greedy steps one ahead of their reads, as on a GPU (plain and Medusa; a CPU reads "
+                        help="queue greedy steps one ahead of their reads, as on a GPU (plain, Medusa, EAGLE; a CPU reads "
                              "each step first)")
     parser.add_argument("--profile", metavar="SORT", help="also cProfile five runs, sorted by SORT (tottime, cumulative)")
     args = parser.parse_args(argv)

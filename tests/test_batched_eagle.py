@@ -24,6 +24,7 @@ from test_batched_engine import assert_each_request_as_alone, eos_mid_run, refer
 from test_batched_host_sync import counted_run
 from _host_reads import HostReads
 from test_eagle import SMALL_TREE, random_head
+from test_batched_graphs import FakeCapture as TargetCapture
 from test_eagle_graphs import FakeCapture
 from test_eagle3 import deep_llama, random_head3
 from test_static_target import build
@@ -152,12 +153,54 @@ def test_propose_reads_nothing_back_and_a_step_once(tiny, mode, monkeypatch):
 
     monkeypatch.setattr(EagleProposer, "propose", counted_propose)
     batched, decoder, steps = counted_run(static, lambda target: make_with(target, MODES[mode]), prompts, config, 3,
-                                          monkeypatch)
+                                          monkeypatch, ahead=False)  # queued ahead: the test below
     assert isinstance(decoder.proposer, EagleProposer) and decoder.proposer.batch_size == 3
     assert_each_request_as_alone(batched, alone)
     assert len(in_propose) >= len(steps) == decoder.stats.num_steps > 0
     assert not any(in_propose), [r for r in in_propose if r][:1]
     assert set(steps) == {(1, 1)}, steps
+
+
+def decode_queued(static, make, prompts, config, batch_size: int, graphs: bool):
+    """The prompts with every greedy step queued one ahead of the host's reads (as on a GPU), the target's steps and
+    (``graphs``) the draft's replayed through the CPU stand-ins; (results, decoder, per propose: did it begin a
+    request?)."""
+    target = static.with_batch_size(batch_size, cuda_graphs=graphs, graph_backend=TargetCapture() if graphs else None)
+    proposer = for_batch(make(target, FakeCapture() if graphs else None), batch_size)
+    begun, proposes, begin, propose = [], [], proposer.begin_request, proposer.propose_queued
+    proposer.begin_request = lambda slot, ids: begun.append(slot) or begin(slot, ids)
+    proposer.propose_queued = lambda history, active: proposes.append(bool(begun)) or begun.clear() or propose(
+        history, active)
+    decoder = Decoder(target, proposer, config)
+    decoder.queue_ahead = True
+    results = decoder.generate_all(prompts)
+    assert decoder._ahead and proposer.captured.enabled == graphs
+    return results, decoder, proposes
+
+
+@pytest.mark.parametrize("kind", HEADS)
+@pytest.mark.parametrize("mode", sorted(MODES))
+def test_steps_queued_ahead_catch_up_on_the_device_and_decode_as_alone(tiny, kind, mode, monkeypatch):
+    """Queued ahead, each slot's catch-up is formed on the device from the history (the host's lengths lag a step):
+    tokens and counters as alone at B = 1 and 3, each step reading the one before it once; with graphs, every
+    propose that begins no request replays the one catch-up graph of the deepest path + 1 and captures nothing."""
+    makers, prompts = tiny
+    static, eager, make_with = makers[kind]
+    eos = eos_mid_run(eager, prompts, MAX_NEW)
+    config = GenerationConfig(max_new_tokens=MAX_NEW, eos_token_ids=(eos,))
+    alone, _ = decode_alone_recording(eager, lambda: make_with(eager, MODES[mode]), prompts, config)
+    make = lambda target, backend=None: make_with(target, {**MODES[mode], "graph_backend": backend})  # noqa: E731
+    make(static)  # an EAGLE-3 head asks for its features before the batched targets copy static's aux layers
+    batched, decoder, steps = counted_run(static, make, prompts, config, 3, monkeypatch)
+    assert_each_request_as_alone(batched, alone)
+    assert steps[0] == (0, 1) and set(steps[1:]) == {(1, 1)}, steps
+    for batch_size, graphs in ((1, False), (3, True)):
+        batched, decoder, proposes = decode_queued(static, make, prompts, config, batch_size, graphs)
+        assert_each_request_as_alone(batched, alone)
+    captured = decoder.proposer.captured.graphs
+    replays = {w: n - 1 for (k, w), n in captured.replays.items() if k == CATCH_UP and n > 1}  # less reserve's
+    assert replays == {decoder.proposer.max_depth + 1: proposes.count(False)} and proposes.count(True) > 1
+    assert set(captured.captures.values()) == {1}  # each captured once, by reserve
 
 
 def test_features_of_the_wrong_width_are_refused_naming_set_aux_layers(tiny):
@@ -228,6 +271,11 @@ def test_reference_heads_batched_equal_the_eager_reference_run(reference, refere
     widths = set(range(1, decoder.proposer.max_depth + 2))  # accepted + 1: every catch-up a step can bring
     assert {width for kind, width in graphs.captures if kind == CATCH_UP} == widths
     assert sum(n for (kind, _), n in graphs.replays.items() if kind == CATCH_UP) > len(widths)  # replayed in decoding
+    # queued ahead of the host's reads (as on a GPU): catch-ups of whole accepted runs formed on the device
+    queued = lambda target, backend: cls.from_options(target, head=head, graph_backend=backend, **options)  # noqa: E731
+    for graphs in (False, True):
+        batched, _, _ = decode_queued(static, queued, prompts, config, 3, graphs)
+        assert_each_request_as_alone(batched, alone)
 
 
 def test_a_growing_draft_cache_keeps_the_expansion_entries_past_the_committed_lengths():

@@ -105,6 +105,7 @@ def oracle_driven(proposer, truth: list[int]) -> list:
         oracle.begin_request(prompt_ids)
 
     proposer.propose, proposer.begin_request = propose, begin_request
+    proposer.queues_ahead = False  # the oracle drafts from the accepted tokens: on a GPU too, steps read one by one
     return drafts
 
 

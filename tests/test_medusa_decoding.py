@@ -95,7 +95,7 @@ class OracleMedusa(MedusaProposer):
     """Knows the greedy continuation: head i puts the true token t + i + 2 at rank ``true_ranks[i]``
     (None: not among its candidates); the other ranks hold wrong tokens."""
 
-    reads_hidden_state_only = False  # it reads the tokens' count: its steps are never queued ahead of their reads
+    queues_ahead = False  # it reads the tokens' count: its steps are never queued ahead of their reads
 
     def __init__(self, heads, reference, true_ranks, **options):
         super().__init__(heads, None, **options)

@@ -91,12 +91,8 @@ class CapturedHead:
         output ``(B, H)`` and logits ``(B, V)`` (its last live row's; idle rows: anything). ``replayable``: a step's
         catch-up, run as its (catch-up, W) step (a graph replay when graphs are on); else once, eagerly over
         buffers of its own (a request's first: its prompt, a new width each)."""
-        feature_width, kv = parts[0][2].shape[-1], self.cache.kv
-        if replayable:
-            buffers = self._buffers(CATCH_UP, width, feature_width, width)
-        else:
-            buffers = HeadStepBuffers.allocate(CATCH_UP, kv.shape[1], width, feature_width, width, dtype=kv.dtype,
-                                               device=kv.device)
+        kv = self.cache.kv
+        buffers = self._catch_up_buffers(width, parts[0][2].shape[-1], replayable)
         if len(parts) == 1:  # one slot: two copies, no index to upload
             slot, tokens, features = parts[0]
             buffers.tokens[slot, : tokens.numel()].copy_(tokens)
@@ -105,6 +101,29 @@ class CapturedHead:
             index = scatter_rows(buffers.tokens, [(slot, 0, tokens) for slot, tokens, _ in parts], kv.device)
             scatter_rows(buffers.features, [(slot, 0, features) for slot, _, features in parts], kv.device, index)
         return self.graphs.run((CATCH_UP, width), buffers, self._forward) if replayable else self._forward(buffers)
+
+    def follow(self, tokens: torch.Tensor, features: torch.Tensor, lengths: torch.Tensor, width: int, *,
+               replayable: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`catch_up` formed on the device, for a step queued before the host knows the lengths: slot b's rows
+        are its history's positions from ``min(committed, lengths[b] - 2)`` to ``lengths[b] - 2`` (draft position i
+        reads ``tokens[b, i + 1]`` and ``features[b, i]``; ``tokens`` ``(B, C)``, ``features`` ``(B, C, F)``,
+        ``lengths`` ``(B,)``), ``width`` at least each slot's count; committed becomes ``lengths - 1``."""
+        start = torch.minimum(self.slots[COMMITTED], lengths - 2).clamp_min(0)  # (B,)
+        last = (lengths - 2 - start).clamp(0, width - 1)  # (B,) idle slots' (any lengths) stay in their rows
+        self.slots.copy_(torch.stack([start, last, (lengths - 1).clamp_min(0)]))  # (3, B)
+        columns = (start[:, None] + self._entries[None, :width]).clamp(max=tokens.shape[1] - 2)  # (B, W) positions
+        buffers = self._catch_up_buffers(width, features.shape[-1], replayable)
+        buffers.tokens.copy_(tokens.gather(1, columns + 1))
+        buffers.features.copy_(features.gather(1, columns[:, :, None].expand(-1, -1, features.shape[-1])))
+        return self.graphs.run((CATCH_UP, width), buffers, self._forward) if replayable else self._forward(buffers)
+
+    def _catch_up_buffers(self, width: int, feature_width: int, replayable: bool) -> HeadStepBuffers:
+        """The (catch-up, W) step's buffers, or (not replayable: a request's first) buffers of its own."""
+        if replayable:
+            return self._buffers(CATCH_UP, width, feature_width, width)
+        kv = self.cache.kv
+        return HeadStepBuffers.allocate(CATCH_UP, kv.shape[1], width, feature_width, width, dtype=kv.dtype,
+                                        device=kv.device)
 
     def draft(self, root_hidden: torch.Tensor, root_logits: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """The rule's tensors grown from every slot's root output ``(B, H)`` and logits ``(B, V)``: the draft step,

@@ -138,7 +138,7 @@ def dynamic_tree_rule(*, top_k: int, depth: int, total_tokens: int) -> DraftingR
     Every slot's frontier and selection are its row of ``(B, ...)`` tensors, and each draft's shape comes built on
     the device, with no host read (docs/eagle.md#host-reads-per-step): each candidate's depth is its level, the
     ancestor mask is the closure of the kept parents (at most ``depth`` levels), and the draft verifies as a tree;
-    only its longest path (the deepest kept level) is left to the step's one readback."""
+    only its longest path (the deepest kept level) is left to the step's one readback (bounded by ``depth``)."""
     # one path iff top_k is 1; never one when more nodes are kept than there are levels; else only the parents
     # tell (a host read, kept exact for sampling's chain rule: a rare setting, total_tokens <= depth)
     chain = True if top_k == 1 else (False if total_tokens > depth else None)
@@ -146,7 +146,8 @@ def dynamic_tree_rule(*, top_k: int, depth: int, total_tokens: int) -> DraftingR
     def shape(grown: tuple[torch.Tensor, ...]) -> list[Draft]:
         ids, parents, depths, masks = grown  # (B, N), (B, N), (B, N + 1), (B, N + 1, N + 1)
         return [Draft(tokens=ids[b], parents=parents[b], precomputed_depths=depths[b], precomputed_tree_mask=masks[b],
-                      precomputed_is_chain=chain, precomputed_depth=total_tokens if top_k == 1 else None)
+                      precomputed_is_chain=chain, precomputed_depth=total_tokens if top_k == 1 else None,
+                      depth_bound=min(depth, total_tokens))
                 for b in range(ids.shape[0])]
 
     return DraftingRule(partial(_grow_dynamic_tree, top_k=top_k, depth=depth, total_tokens=total_tokens), shape)

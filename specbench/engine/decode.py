@@ -118,7 +118,7 @@ class Decoder:
         # queued ahead, a slot's cache holds two steps' drafts; where they do not fit, steps are read one by one
         self._ahead = (self.queue_ahead and hasattr(self.target, "settle") and longest + 2 * room <= limit
                        and verifies_greedily(self.config.sampling)
-                       and (self.proposer is None or self.proposer.reads_hidden_state_only))
+                       and (self.proposer is None or self.proposer.queues_ahead))
         for index, prompt in enumerate(prompts):
             if prompt.numel() == 0:
                 raise ValueError(f"prompt {index} is empty: at least one prompt token is needed to start decoding")
@@ -249,33 +249,35 @@ class Decoder:
         out = self.target.verify(inputs)  # logits (B, W, V), hidden (B, W, H)
         # no row clamps a write; queued ahead, the host's lengths lag the device's by up to a step
         history.ensure(max(slots[b].length for b in active) + (1 + ahead) * out.logits.shape[1])
-        unknown = [b for b in active if drafts[b].precomputed_depth is None]  # trees drafted anew (EAGLE-2)
         if verifies_greedily(self.config.sampling):
             step = self.target.verified_step()  # ids (B, W), ancestors (B, W, W), counts (B,) on the device
             verdict = verify_batch(step.ids, out.logits, step.ancestors, step.counts, chain=step.chain)
-            depths = step.depths.amax(dim=1) if unknown else None  # (B,) each slot's deepest node (padding: 0)
-            readback = read_step(verdict, depths)  # the step's one device-to-host transfer, waited for in _read
-            emitted = readback.tokens
+            unknown = any(drafts[b].precomputed_depth is None for b in active)  # trees drafted anew (EAGLE-2)
+            # (B,) each slot's deepest node (padding: 0), which _read hands to the drafts whose depth is device-only
+            readback = read_step(verdict, step.depths.amax(dim=1) if unknown else None)  # the step's one transfer
+            emitted, depths = readback.tokens, readback.depths
         else:
             verdict, tokens = self._verify_sampled(slots, active, drafts, inputs, out)
-            emitted, readback, unknown = (lambda: tokens), None, []  # host verification reads them
+            emitted, depths = (lambda: tokens), None  # host verification reads them (and the drafts' depths)
         history.record(verdict, out)
-        for b in unknown:  # waits for the readback before the commit is queued: it sizes the commit's gather
-            drafts[b].precomputed_depth = readback.depths()[b]  # what Draft.depth() would read, slot by slot
-        moved = [drafts[b].depth() + 1 for b in active if not drafts[b].is_chain]  # trees: paths may need moving
-        source = verdict.nodes[:, : max(moved)] if moved else None  # (B, P) P: the longest possible path
+        # trees' paths may need moving: P >= the longest path, from host-known depths or bounds (EAGLE-2's)
+        moved = [1 + (d.depth() if d.precomputed_depth is not None or depths is None else d.depth_bound or len(d))
+                 for d in (drafts[b] for b in active) if not d.is_chain]
+        source = verdict.nodes[:, : max(moved)] if moved else None  # (B, P)
         bounds = [0 if x is None else len(x) for x in inputs] if ahead else None  # (B,) the most nodes a slot keeps
         self.target.commit_accepted(verdict.kept, source, (lambda: bounds) if ahead else
                                     (lambda: [len(t) for t in emitted()]))
-        step = (list(slots), drafts, emitted, bounds)
+        step = (list(slots), drafts, emitted, bounds, depths)
         if ahead:
             step, self._queued = self._queued, step
         if step is not None:
             self._read(*step)
 
-    def _read(self, states: list[_Slot | None], drafts: dict[int, Draft], emitted, bounds: list[int] | None) -> None:
+    def _read(self, states: list[_Slot | None], drafts: dict[int, Draft], emitted, bounds: list[int] | None,
+              depths) -> None:
         """Record a step's tokens for its requests but those that ended before it (queued ahead of their end: dropped,
-        counting no step and no token); settle host lengths its commit advanced by ``bounds`` to the nodes kept."""
+        counting no step and no token); settle host lengths its commit advanced by ``bounds`` to the nodes kept;
+        drafts whose depth only the device knew take it from ``depths()``, the step's readback."""
         tokens = emitted()  # waits for that step only
         live = [b for b, state in enumerate(states) if state is not None and not state.finished]
         if live:
@@ -284,6 +286,8 @@ class Decoder:
         if bounds is not None:
             self.target.settle({b: bounds[b] - len(tokens[b]) for b in live})
         for b in live:
+            if depths is not None and drafts[b].precomputed_depth is None:
+                drafts[b].precomputed_depth = depths()[b]  # what Draft.depth() would read, slot by slot
             self.stats.step_tokens += self._record(states[b], drafts[b], tokens[b])
             if bounds is not None and states[b].finished:  # its last token is on the host: its end, not the next step's
                 states[b].ended_at = time.perf_counter()
@@ -309,12 +313,15 @@ class Decoder:
     def _propose(self, slots: list[_Slot | None], active: list[int]) -> dict[int, Draft]:
         if self.proposer is None:
             return {b: _EMPTY_DRAFT for b in active}
-        history, states, ahead = self._history, {}, self._ahead
-        for b in active:  # queued ahead, the host's lengths lag a step: the proposer reads the hidden state alone
-            length = slots[b].length
-            features = None if ahead or history.features is None else history.features[b, : length - 1]  # (T - 1, F)
-            states[b] = ProposerState(None if ahead else history.tokens[b, :length], history.hidden[b], features)
-        drafts = self.proposer.propose(states)
+        history, states = self._history, {}
+        if self._ahead:  # the host's lengths lag a step: the proposer drafts from the device history
+            drafts = self.proposer.propose_queued(history, active)
+        else:
+            for b in active:
+                length = slots[b].length
+                features = None if history.features is None else history.features[b, : length - 1]  # (T - 1, F)
+                states[b] = ProposerState(history.tokens[b, :length], history.hidden[b], features)
+            drafts = self.proposer.propose(states)
         return {b: d if d is not None and len(d) else _EMPTY_DRAFT for b, d in drafts.items()}
 
     def _record(self, state: _Slot, draft: Draft, new: list[int]) -> int:

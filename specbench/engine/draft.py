@@ -37,6 +37,7 @@ class Draft:
     # on the device only) is filled by the device verification from the step's one readback (engine/decode.py)
     precomputed_is_chain: bool | None = field(default=None, repr=False, compare=False)
     precomputed_depth: int | None = field(default=None, repr=False, compare=False)
+    depth_bound: int | None = field(default=None, repr=False, compare=False)  # host-known, where the depth is not
 
     def __post_init__(self) -> None:
         n = self.tokens.numel()

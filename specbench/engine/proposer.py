@@ -14,6 +14,7 @@ from specbench.compile_watch import capture_seconds
 from specbench.engine.draft import Draft
 
 if TYPE_CHECKING:
+    from specbench.engine.history import History
     from specbench.engine.target import Target
 
 
@@ -72,9 +73,9 @@ class SlotProposer(ABC):
     """Drafts for the active slots of a batch; ``propose`` maps slot -> state to slot -> draft (None: a plain step)."""
 
     needs_hidden_states: bool = False
-    # True: propose reads each state's hidden_state alone, on the device, into host-known draft shapes (a subclass
-    # reading more sets it False), so greedy steps may be queued ahead of reads (docs/engines.md#steps-queued-ahead)
-    reads_hidden_state_only: bool = False
+    # True: propose_queued drafts from the device history alone, so greedy steps may be queued ahead of the host's
+    # reads (docs/engines.md#steps-queued-ahead); a subclass or wrapper whose propose reads more sets it False
+    queues_ahead: bool = False
 
     @property
     @abstractmethod
@@ -90,6 +91,11 @@ class SlotProposer(ABC):
     @abstractmethod
     def propose(self, states: dict[int, ProposerState]) -> dict[int, Draft | None]:
         """One draft (or None) per active slot."""
+
+    def propose_queued(self, history: "History", active: list[int]) -> dict[int, Draft | None]:
+        """``propose`` for a step queued before the host knows the lengths: each slot's state holds its hidden state
+        alone (``history.hidden``), which suffices a proposer drafting from it (Medusa); EAGLE reads more."""
+        return self.propose({b: ProposerState(None, history.hidden[b]) for b in active})
 
     def describe(self) -> dict:
         return {"name": "batched"}

@@ -9,22 +9,21 @@ import copy
 import torch
 from torch import nn
 
-from specbench.eagle.captured import CapturedHead
+from specbench.eagle.captured import COMMITTED, CapturedHead
 from specbench.eagle.draft_head import EagleHead
-from specbench.eagle.expansion import (StaticTreePlan, chain_rule, dynamic_pool_size, dynamic_tree_rule,
-                                       static_tree_rule)
+from specbench.eagle.drafting import drafting
 from specbench.engine.draft import Draft
 from specbench.engine.graph_capture import GraphBackend, StepGraphs
 from specbench.engine.proposer import ProposerState, SlotProposer
 from specbench.engine.static_ops import EAGER_OPS, StepOps
-from specbench.medusa.trees import TreeSpec, load_tree
+from specbench.medusa.trees import TreeSpec
 from specbench.proposers.registry import register_proposer
 
 
 @register_proposer
 class EagleProposer(SlotProposer):
     name = "eagle"
-    needs_hidden_states = True
+    needs_hidden_states, queues_ahead = True, True
     head_label, head_type = "EAGLE", "EagleHead"  # how from_options' refusals name the head
 
     def __init__(self, head: EagleHead, lm_head: nn.Module, embedding: nn.Module | None = None, *, batch_size: int = 1,
@@ -33,48 +32,12 @@ class EagleProposer(SlotProposer):
                  graph_backend: GraphBackend | None = None, ops: StepOps = EAGER_OPS):
         """``cuda_graphs``: capture the draft's forwards (on CUDA, or through ``graph_backend``, a test's stand-in);
         ``ops``: their pointwise stages (``from_options``: the target's, compiled beside a compiling static target)."""
-        dynamic = {"top_k": top_k, "depth": depth, "total_tokens": total_tokens}
-        given = [name for name, on in (("num_speculative_tokens", num_speculative_tokens is not None),
-                                       ("tree", tree is not None),
-                                       ("top_k/depth/total_tokens", any(v is not None for v in dynamic.values()))) if on]
-        if len(given) != 1:
-            raise ValueError(
-                "EAGLE needs exactly one of num_speculative_tokens (a top-1 chain of K), tree (EAGLE-1: a static tree "
-                "name, JSON file or list of paths) or top_k, depth and total_tokens (EAGLE-2's dynamic tree); got "
-                f"{', '.join(given) or 'none'}"
-            )
-        vocab = int(lm_head.weight.shape[0])
-        self.mode = {"num_speculative_tokens": "chain", "tree": "tree"}.get(given[0], "dynamic")
-        self.plan: StaticTreePlan | None = None
-        if self.mode == "chain":
-            if not isinstance(num_speculative_tokens, int) or num_speculative_tokens < 1:
-                raise ValueError(f"num_speculative_tokens (K) must be an integer >= 1, got {num_speculative_tokens!r}")
-            self.num_nodes, self.expansion_slots = num_speculative_tokens, num_speculative_tokens - 1
-            self.rule = chain_rule(self.num_nodes)
-        elif self.mode == "tree":
-            buffers = load_tree(tree)
-            if buffers.top_k > vocab:
-                raise ValueError(f"EAGLE tree uses rank {buffers.top_k - 1} but the vocabulary has {vocab} tokens")
-            self.plan = StaticTreePlan.from_tree(buffers).to(head.fc.weight.device)
-            self.num_nodes, self.expansion_slots = buffers.num_nodes, self.plan.num_expanded
-            self.rule = static_tree_rule(self.plan)
-        else:
-            missing = [name for name, value in dynamic.items() if value is None]
-            if missing:
-                raise ValueError(f"EAGLE-2's dynamic tree needs top_k, depth and total_tokens; missing {', '.join(missing)}")
-            bad = [f"{name}={value!r}" for name, value in dynamic.items() if not isinstance(value, int) or value < 1]
-            if bad:
-                raise ValueError(f"EAGLE-2's top_k, depth and total_tokens must be integers >= 1, got {', '.join(bad)}")
-            if top_k > vocab:
-                raise ValueError(f"EAGLE-2 top_k={top_k} exceeds the vocabulary of {vocab} tokens")
-            pool = dynamic_pool_size(top_k, depth)
-            if total_tokens > pool:
-                raise ValueError(
-                    f"EAGLE-2 total_tokens={total_tokens} exceeds the {pool} candidates top_k={top_k}, depth={depth} "
-                    f"scores (top_k + (depth - 1) * top_k^2); lower total_tokens or raise top_k or depth"
-                )
-            self.num_nodes, self.expansion_slots = total_tokens, top_k * (depth - 1)
-            self.rule = dynamic_tree_rule(top_k=top_k, depth=depth, total_tokens=total_tokens)
+        options = dict(num_speculative_tokens=num_speculative_tokens, tree=tree, top_k=top_k, depth=depth,
+                       total_tokens=total_tokens)
+        self.drafting = drafting(int(lm_head.weight.shape[0]), head.fc.weight.device, **options)
+        self.mode, self.plan, self.rule = self.drafting.mode, self.drafting.plan, self.drafting.rule
+        self.num_nodes, self.expansion_slots, self.max_depth = (self.drafting.num_nodes,
+                                                                 self.drafting.expansion_slots, self.drafting.max_depth)
         self.top_k, self.depth, self.total_tokens = top_k, depth, total_tokens
         self.head = head.prepare()
         self.lm_head = lm_head
@@ -89,7 +52,7 @@ class EagleProposer(SlotProposer):
         capturing static target, docs/eagle.md#graph-capture-on-the-static-engine)."""
         if not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
-        self.batch_size, self._capacity = batch_size, 0
+        self.batch_size, self._capacity, self._fresh = batch_size, 0, {}  # _fresh: slot -> its new prompt's length
         graphs = StepGraphs.for_device(self.head.fc.weight.device, *self._graph_options)
         self.captured = CapturedHead(self.head, self.embedding, self._logits, graphs, batch_size=batch_size,
                                      expansion_slots=self.expansion_slots, rule=self.rule, ops=self._ops)
@@ -171,13 +134,6 @@ class EagleProposer(SlotProposer):
         return settings
 
     @property
-    def max_depth(self) -> int:
-        """The deepest node a draft can hold: a step accepts at most this many tokens."""
-        if self.mode == "chain":
-            return self.num_nodes
-        return self.plan.tree.max_depth if self.mode == "tree" else min(self.depth, self.num_nodes)
-
-    @property
     def feature_width(self) -> int:
         """F of the target features each draft position reads: EAGLE-1/2's ``fc`` takes the embedding and F = H."""
         return self.head.fc.in_features - self.head.config.hidden_size
@@ -199,7 +155,7 @@ class EagleProposer(SlotProposer):
                              + 2 + self.expansion_slots)
         self.captured.reserve(self._capacity)
         self._prepare_graphs()
-        self.cache.lengths = [0] * self.batch_size
+        self.cache.lengths, self._fresh = [0] * self.batch_size, {}
 
     _PREPARE_PROMPT = 1  # the dummy request's prompt length: its first catch-up (eager) is one position
 
@@ -224,7 +180,8 @@ class EagleProposer(SlotProposer):
 
     def begin_request(self, slot: int, prompt_ids: torch.Tensor) -> None:
         self.captured.reserve(max(self._capacity, prompt_ids.numel() + self.expansion_slots + 1))
-        self.cache.lengths[slot] = 0
+        self.cache.lengths[slot], self._fresh[slot] = 0, prompt_ids.numel()  # its first catch-up: the prompt's
+        self.captured.slots[COMMITTED, slot] = 0  # (queued ahead, the device's count is the one read)
 
     # -- propose -------------------------------------------------------------------------------------
 
@@ -234,6 +191,23 @@ class EagleProposer(SlotProposer):
             return {}
         drafts = self._draft(states)
         return {slot: drafts[slot] for slot in states}
+
+    @torch.inference_mode()
+    def propose_queued(self, history, active: list[int]) -> dict[int, Draft | None]:
+        """``propose`` for a step queued ahead of the host's reads: every slot's catch-up formed on the device from the
+        history (padded to the deepest accepted path + 1, the captured width; a step beginning a request: its
+        prompt's, eagerly), then the draft step (docs/eagle.md#catch-up)."""
+        prompts = [self._fresh.pop(b) for b in active if b in self._fresh]
+        self._check_features(history.features, active[0])
+        root = self.captured.follow(history.tokens, history.features, history.lengths,
+                                    max([self.max_depth + 1, *prompts]), replayable=not prompts)
+        drafts = self.rule.shape(self.captured.draft(*root))
+        return {b: drafts[b] for b in active}
+
+    def _check_features(self, features: torch.Tensor, slot: int) -> None:
+        if features.shape[-1] != self.feature_width:
+            raise ValueError(f"the EAGLE head reads {self.feature_width}-wide features, slot {slot} has "
+                             f"{features.shape[-1]} (an EAGLE-3 head needs the batched target's set_aux_layers)")
 
     def _draft(self, states: dict[int, ProposerState]) -> list[Draft]:
         """Every slot's draft (an idle slot's is discarded): one catch-up step, then the draft step (every expansion
@@ -266,9 +240,7 @@ class EagleProposer(SlotProposer):
                 got = None if features is None else tuple(features.shape)
                 raise ValueError(f"the EAGLE proposer needs the target's hidden states ({need}, F) for slot {slot}'s "
                                  f"{tokens.numel()} tokens, got {got}")
-            if features.shape[1] != self.feature_width:
-                raise ValueError(f"the EAGLE head reads {self.feature_width}-wide features, slot {slot} has "
-                                 f"{features.shape[1]} (an EAGLE-3 head needs the batched target's set_aux_layers)")
+            self._check_features(features, slot)
             start = min(lengths[slot], need - 1)
             starts[slot], counts[slot], lengths[slot] = start, need - start, need
             parts.append((slot, tokens[start + 1: need + 1], features[start:need]))  # (n,), (n, F)

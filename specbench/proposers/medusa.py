@@ -21,7 +21,7 @@ class MedusaProposer(SlotProposer):
     draft's shape (parents, depths, mask), built once, so no per-slot device op or host read runs in ``propose``."""
 
     name = "medusa"
-    reads_hidden_state_only = True
+    queues_ahead = True
 
     def __init__(
         self,
