@@ -42,22 +42,28 @@ def draft_forwards(proposer: DraftModelProposer) -> int:
     return sum(sum(widths.values()) for widths in proposer.draft.verify_widths.values())
 
 
-def decode_batched_recording(static, draft, prompts, config, k: int, batch_size: int, temperature: float = 0.0):
-    """The prompts through Decoder with ``for_batch``'s form of the draft-model proposer; returns (results,
-    decoder, each request's drafts, per propose call (active slots, slots new to the draft, draft forwards))."""
+def decode_batched_recording(static, draft, prompts, config, k: int, batch_size: int, temperature: float = 0.0,
+                             ahead: bool = False, graphs: bool = False):
+    """The prompts through Decoder with ``for_batch``'s form of the draft-model proposer, greedy steps queued ahead
+    of their reads if ``ahead`` (as on a GPU), the draft's steps replayed through the CPU stand-in of CUDA graphs if
+    ``graphs``; returns (results, decoder, each request's drafts, per propose call (active slots, slots new to the
+    draft, draft forwards))."""
     proposer = for_batch(single_proposer(static, draft, k, temperature), batch_size)
     assert isinstance(proposer, DraftModelProposer) and proposer.draft.batch_size == batch_size
+    if graphs:
+        proposer.draft = draft.with_batch_size(batch_size, cuda_graphs=True, graph_backend=FakeCapture())
     request_of, drafts, calls, new = {}, [[] for _ in prompts], [], set()
-    begin, propose = proposer.begin_request, proposer.propose
+    begin, propose = proposer.begin_request, proposer.propose_queued if ahead else proposer.propose
 
     def begin_request(slot, prompt_ids):
         request_of[slot] = next(i for i, p in enumerate(prompts) if torch.equal(p, prompt_ids.cpu()))
         new.add(slot)
         begin(slot, prompt_ids)
 
-    def propose_recording(states):
+    def propose_recording(states, *lengths):  # queued ahead: (history, lengths)
         before = draft_forwards(proposer)
-        out = propose(states)
+        out = propose(states, *lengths)
+        states = lengths[0] if ahead else states  # the active slots
         calls.append((len(states), len(new & set(states)), draft_forwards(proposer) - before))
         new.difference_update(states)
         for slot, d in out.items():
@@ -67,9 +73,13 @@ def decode_batched_recording(static, draft, prompts, config, k: int, batch_size:
                 None if temperature == 0 else (k, static.vocab_size))
         return out
 
-    proposer.begin_request, proposer.propose = begin_request, propose_recording
+    proposer.begin_request = begin_request
+    setattr(proposer, "propose_queued" if ahead else "propose", propose_recording)
     decoder = Decoder(static.with_batch_size(batch_size), proposer, config)
-    return decoder.generate_all(prompts), decoder, drafts, calls
+    decoder.queue_ahead = ahead
+    results = decoder.generate_all(prompts)
+    assert decoder._ahead == ahead
+    return results, decoder, drafts, calls
 
 
 @pytest.fixture(scope="module")
@@ -115,16 +125,48 @@ def test_other_draft_lengths_equal_the_eager_reference_run(reference, reference_
     assert any(active == 2 for active, _, _ in calls)
 
 
+@pytest.mark.parametrize("ahead", [False, True])
 @pytest.mark.parametrize("batch_size", [1, 3])
-def test_each_step_reads_the_device_once_with_the_batched_draft(reference, draft_model, alone_k3, batch_size,
+def test_each_step_reads_the_device_once_with_the_batched_draft(reference, draft_model, alone_k3, batch_size, ahead,
                                                                 monkeypatch):
-    """Argmaxes on the device, catch-up counts from host-known lengths: the step's readback is its only host read."""
+    """Argmaxes on the device, catch-up counts from host-known lengths (queued ahead: from the device history): the
+    step's readback is its only host read (queued ahead: each step reads the one queued before it)."""
     static, _, prompts, config = reference
     batched, decoder, steps = counted_run(static, lambda target: single_proposer(target, draft_model, 3), prompts,
-                                          config, batch_size, monkeypatch)
+                                          config, batch_size, monkeypatch, ahead=ahead)
     assert isinstance(decoder.proposer, DraftModelProposer) and decoder.proposer.draft.batch_size == batch_size
     assert_each_request_as_alone(batched, alone_k3[0])
-    assert len(steps) == decoder.stats.num_steps > 0 and set(steps) == {(1, 1)}, steps
+    if ahead:
+        assert steps[0] == (0, 1) and set(steps[1:]) == {(1, 1)}, steps
+    else:
+        assert len(steps) == decoder.stats.num_steps > 0 and set(steps) == {(1, 1)}, steps
+
+
+@pytest.mark.parametrize("k", [1, 3, 5])
+def test_steps_queued_ahead_catch_up_on_the_device_and_decode_as_alone(reference, reference_eager, draft_model, k,
+                                                                       monkeypatch):
+    """Queued ahead of the host's reads (as on a GPU), each slot's catch-up is formed on the device from the history
+    and the draft's host lengths are upper bounds: every draft of every request, tokens and counters as alone (a step
+    queued after a request's end drafts once more for it, dropped), at B = 1 and 3, the draft's steps replayed
+    through captured graphs, none captured while decoding."""
+    static, _, prompts, config = reference
+    make = lambda: single_proposer(reference_eager, draft_model, k)  # noqa: E731
+    alone, alone_drafts = decode_alone_recording(reference_eager, make, prompts, config)
+    assert any(r.counters.num_accepted_tokens < r.counters.num_draft_tokens for r in alone)  # rejections: truncations
+    verify = StaticTarget.verify
+
+    def checked(target, inputs):  # the attention span and the room come from host lengths: never below the device's
+        assert all(h >= d for h, d in zip(target._cache.host_lengths, target._cache.lengths.tolist()))
+        return verify(target, inputs)
+
+    monkeypatch.setattr(StaticTarget, "verify", checked)
+    for batch_size, graphs in ((1, False), (3, False), (3, True)):
+        batched, decoder, drafts, _ = decode_batched_recording(static, draft_model, prompts, config, k, batch_size,
+                                                               ahead=True, graphs=graphs)
+        assert_each_request_as_alone(batched, alone)
+        assert all(got[: len(want)] == want and len(got) <= len(want) + 1 for got, want in zip(drafts, alone_drafts))
+        captured = decoder.proposer.draft.graphs
+        assert captured.enabled == graphs and set(captured.captures.values()) <= {1}
 
 
 def test_the_draft_steps_replay_captured_graphs_as_eagerly(reference, draft_model, alone_k3):

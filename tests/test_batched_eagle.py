@@ -169,8 +169,8 @@ def decode_queued(static, make, prompts, config, batch_size: int, graphs: bool):
     proposer = for_batch(make(target, FakeCapture() if graphs else None), batch_size)
     begun, proposes, begin, propose = [], [], proposer.begin_request, proposer.propose_queued
     proposer.begin_request = lambda slot, ids: begun.append(slot) or begin(slot, ids)
-    proposer.propose_queued = lambda history, active: proposes.append(bool(begun)) or begun.clear() or propose(
-        history, active)
+    proposer.propose_queued = lambda history, lengths: proposes.append(bool(begun)) or begun.clear() or propose(
+        history, lengths)
     decoder = Decoder(target, proposer, config)
     decoder.queue_ahead = True
     results = decoder.generate_all(prompts)

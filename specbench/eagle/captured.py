@@ -21,6 +21,13 @@ CATCH_UP, EXPAND, DRAFT = "catch_up", "expand", "draft"  # step kinds; graphs: (
 START, LAST, COMMITTED = range(3)  # rows of the per-slot scalars (3, B)
 
 
+def check_features(features: torch.Tensor, width: int, slot: int) -> None:
+    """Refuse target features ``(..., F)`` that are not the ``width`` the head reads."""
+    if features.shape[-1] != width:
+        raise ValueError(f"the EAGLE head reads {width}-wide features, slot {slot} has {features.shape[-1]} (an "
+                         "EAGLE-3 head needs the batched target's set_aux_layers)")
+
+
 @dataclass
 class HeadStepBuffers:
     """The static inputs one (kind, width) step reads; everything else it reads is the draft cache, the per-slot
@@ -54,7 +61,8 @@ class CapturedHead:
     from the per-slot scalars, the draft nodes written before and ``block``) and are written after the slot's base
     entry (its catch-up start, or its committed entries plus the draft nodes written before), so each step has one
     shape. The host keeps each slot's lengths and writes the three per-slot scalars once per propose
-    (:meth:`set_slots`); a catch-up row past a slot's own count (padding to the widest slot) writes the cache's last
+    (:meth:`set_slots`; queued ahead of the host's reads, :meth:`follow` forms them on the device); a catch-up row
+    past a slot's own count (padding to the widest slot) writes the cache's last
     entry, a scratch entry no live row sees. A cache that is reallocated (it grew) drops every graph, which read its
     address.
     """
@@ -83,6 +91,43 @@ class CapturedHead:
         """Each slot's catch-up start and row count and its committed entries after it, for this propose's steps."""
         self.slots.copy_(host_to_device([starts, [n - 1 for n in counts], committed], self.slots.device))  # (3, B)
         self.reserve(max(committed) + self.expansion_slots)  # every row this propose writes: catch-up, then draft
+
+    def catch_up_states(self, states: dict, feature_width: int, max_depth: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Run the draft over each slot's positions the target accepted since its last call (``states``: slot ->
+        ProposerState), with the target's ``feature_width``-wide features, in one step padded to the widest slot;
+        returns the draft's output ``(B, H)`` and logits ``(B, V)`` at each slot's last position (its root's; idle
+        rows: anything).
+
+        Draft position i reads ``embed(token_ids[i + 1])`` and ``hidden_states[i]``, from ``start = min(committed,
+        T - 2)``: entries past the committed positions (the last draft's nodes) are overwritten, and a call with
+        nothing new redoes the last position, so it costs what a step with no accepted token costs
+        (docs/eagle.md#catch-up). A slot no longer decoding starts over when it gets a request.
+        """
+        lengths, batch = self.cache.lengths, self.cache.kv.shape[1]
+        starts, counts, parts = [0] * batch, [1] * batch, []
+        for slot in range(batch):
+            if slot not in states:
+                lengths[slot] = 0
+        for slot, state in states.items():
+            if not 0 <= slot < batch:
+                raise ValueError(f"slot {slot} of an EAGLE proposer of {batch} slots; build it for the target's batch "
+                                 "size (engine.proposer.for_batch)")
+            tokens, features = state.token_ids, state.hidden_states
+            need = tokens.numel() - 1  # draft positions 0 .. T - 2, host-known from the view's shape
+            if features is None or features.dim() != 2 or features.shape[0] != need or need < 1:
+                got = None if features is None else tuple(features.shape)
+                raise ValueError(f"the EAGLE proposer needs the target's hidden states ({need}, F) for slot {slot}'s "
+                                 f"{tokens.numel()} tokens, got {got}")
+            check_features(features, feature_width, slot)
+            start = min(lengths[slot], need - 1)
+            starts[slot], counts[slot], lengths[slot] = start, need - start, need
+            parts.append((slot, tokens[start + 1: need + 1], features[start:need]))  # (n,), (n, F)
+        self.set_slots(starts, counts, lengths)
+        # a step's catch-up (the accepted tokens and the bonus one) replays its width's graph; a request's first
+        # (its prompt: a new width every request) and anything wider run eagerly
+        width = max(counts)
+        replayable = width <= max_depth + 1 and all(starts[slot] > 0 for slot in states)
+        return self.catch_up(parts, width, replayable=replayable)
 
     def catch_up(self, parts: list[tuple[int, torch.Tensor, torch.Tensor]], width: int, *,
                  replayable: bool) -> tuple[torch.Tensor, torch.Tensor]:

@@ -314,8 +314,10 @@ class Decoder:
         if self.proposer is None:
             return {b: _EMPTY_DRAFT for b in active}
         history, states = self._history, {}
-        if self._ahead:  # the host's lengths lag a step: the proposer drafts from the device history
-            drafts = self.proposer.propose_queued(history, active)
+        if self._ahead:  # the host's lengths lag the step in flight: the proposer drafts from the device history
+            queued = self._queued or ([None] * len(slots), None, None, None)  # its requests and nodes (upper bounds)
+            drafts = self.proposer.propose_queued(history, {b: slots[b].length + (
+                queued[3][b] if queued[0][b] is slots[b] else 0) for b in active})
         else:
             for b in active:
                 length = slots[b].length

@@ -92,10 +92,11 @@ class SlotProposer(ABC):
     def propose(self, states: dict[int, ProposerState]) -> dict[int, Draft | None]:
         """One draft (or None) per active slot."""
 
-    def propose_queued(self, history: "History", active: list[int]) -> dict[int, Draft | None]:
-        """``propose`` for a step queued before the host knows the lengths: each slot's state holds its hidden state
+    def propose_queued(self, history: "History", lengths: dict[int, int]) -> dict[int, Draft | None]:
+        """``propose`` for a step queued before the host knows the lengths: ``lengths`` maps each active slot to an
+        upper bound of its history's (exact for a request just admitted). Each state holds the slot's hidden state
         alone (``history.hidden``), which suffices a proposer drafting from it (Medusa); EAGLE reads more."""
-        return self.propose({b: ProposerState(None, history.hidden[b]) for b in active})
+        return self.propose({b: ProposerState(None, history.hidden[b]) for b in lengths})
 
     def describe(self) -> dict:
         return {"name": "batched"}

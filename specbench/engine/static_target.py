@@ -346,6 +346,14 @@ class StaticTarget:
             source = host_to_device(rows, self.device)  # (B, W) the identity beyond each path
         self.commit_accepted(host_to_device(kept, self.device), source, lambda: kept)
 
+    @torch.inference_mode()
+    def truncate_to(self, keep: torch.Tensor, bounds: dict[int, int]) -> None:
+        """``truncate`` from the device, for a step queued ahead of the host's reads: slot b keeps at most ``keep[b]``
+        ``(B,)`` entries, and the host mirror of each slot in ``bounds`` becomes ``bounds[b]``, an upper bound of that."""
+        self._cache.lengths.clamp_(max=keep)  # (B,)
+        for slot, bound in bounds.items():
+            self._cache.host_lengths[slot] = bound
+
     def settle(self, surplus: dict[int, int]) -> None:
         """Lower slot b's host length by ``surplus[b]``: a commit queued ahead of its readback advanced it by an upper
         bound of the nodes kept, which the readback now knows (docs/engines.md#steps-queued-ahead)."""

@@ -6,7 +6,8 @@ with its own KV cache. A ``propose`` call runs K batched draft forwards whatever
 K - 1 single-token steps. In the catch-up a slot keeps the K - 1 tokens it fed last time as far as the target
 accepted them, ``min(fed, len(history) - anchor - 1)`` (the history beyond the anchor is the accepted draft tokens
 and one token of the target's own: host-known, nothing read back), truncates the rest and feeds the new tokens (at
-least the root); a new request is prefilled into its slot alone. Greedy drafts are argmaxes on the device; with a
+least the root); a new request is prefilled into its slot alone. Queued ahead of the host's reads, the same catch-up
+is formed on the device (``propose_queued``). Greedy drafts are argmaxes on the device; with a
 draft ``temperature`` > 0 each slot samples with its own generator (seeded with ``seed`` per request) and keeps its
 ``(K, V)`` draft probabilities, so rejection sampling stays lossless for any draft (docs/verification.md).
 """
@@ -39,7 +40,8 @@ class DraftModelProposer(SlotProposer):
         # per slot: history positions below it are in the draft cache and final; beyond it the cache holds the K - 1
         # draft tokens the last propose fed (maybe rejected)
         self._anchor = [0] * batch
-        self._rows = torch.arange(batch, device=draft.device)  # (B,)
+        self._anchors = torch.zeros(batch, dtype=torch.long, device=draft.device)  # (B,) the same, queued ahead
+        self._rows, self._pair = torch.arange(batch, device=draft.device), torch.arange(2, device=draft.device)
         self._template = Draft.chain(torch.zeros(num_speculative_tokens, dtype=torch.long, device=draft.device))
 
     @classmethod
@@ -79,6 +81,11 @@ class DraftModelProposer(SlotProposer):
         return self.k
 
     @property
+    def queues_ahead(self) -> bool:
+        """Greedy drafts on a draft target that takes its lengths from the device (the static engine's)."""
+        return self.temperature == 0 and hasattr(self.draft, "truncate_to")
+
+    @property
     def capture_seconds(self) -> float:
         """The draft target's graph capture so far (a run checks that none happened while timed)."""
         return capture_seconds(self.draft)
@@ -106,36 +113,55 @@ class DraftModelProposer(SlotProposer):
 
     @torch.inference_mode()
     def propose(self, states: dict[int, ProposerState]) -> dict[int, Draft | None]:
-        if not states:
-            return {}
+        return self._draft(self._catch_up(states), list(states)) if states else {}
+
+    @torch.inference_mode()
+    def propose_queued(self, history, lengths: dict[int, int]) -> dict[int, Draft | None]:
+        """``propose`` for a step queued ahead of the host's reads (docs/engines.md#steps-queued-ahead): the catch-up
+        of :meth:`_catch_up` formed on the device from the history, each slot's new tokens padded to 2 (the most a
+        catch-up feeds), the draft's host lengths set from ``lengths``, upper bounds of the history's."""
         draft, batch = self.draft, self.draft.batch_size
-        for slot in set(range(batch)) - set(states):  # a slot no longer decoding frees its rows
-            self._reset(slot)
-        picks = [self._pick(self._catch_up(states), states)]  # per draft position: (B,) tokens, (B, V) probs or None
-        live = [int(b in states) for b in range(batch)]
+        fresh, known = self._begin(lengths, {b: history.tokens[b, :n] for b, n in lengths.items() if not self._anchor[b]})
+        live = host_to_device([b in lengths and b not in fresh for b in range(batch)], draft.device).bool()  # (B,)
+        ends = history.lengths  # (B,)
+        keep = torch.minimum(self._anchors + (self.k - 1), ends - 1)  # (B,) as _catch_up's, per slot
+        draft.truncate_to(torch.where(live, keep, draft.cache_capacity), {b: n - 1 for b, n in lengths.items()
+                                                                          if b not in fresh})
+        columns = (keep[:, None] + self._pair).clamp(0, history.tokens.shape[1] - 1)  # (B, 2)
+        new = history.tokens.gather(1, columns)  # (B, 2) a second node past a slot's count is padding
+        counts = torch.where(live, ends - keep, 0)  # (B,) 1 or 2 per catching-up slot
+        self._anchors = torch.where(live, ends, self._anchors)
+        return self._draft(self._feed(draft, [SlotInput([], [0, 1], tail=new[b]) if b in lengths and b not in fresh
+                                              else None for b in range(batch)], counts, known), list(lengths))
+
+    def _draft(self, logits: torch.Tensor, slots: list[int]) -> dict[int, Draft]:
+        """The K draft tokens of ``slots`` from the catch-up's logits ``(B, V)``: K - 1 single-token draft steps."""
+        draft, batch = self.draft, self.draft.batch_size
+        picks = [self._pick(logits, slots)]  # per draft position: (B,) tokens, (B, V) probs or None
+        live = [int(b in slots) for b in range(batch)]
         kept = host_to_device(live, draft.device) if self.k > 1 else None  # (B,) one node per active slot, 0 idle
         for _ in range(self.k - 1):  # the last draft token is never fed: the target verifies it
             token = picks[-1][0]  # (B,)
             logits = draft.verify([SlotInput([], [0], tail=token[b : b + 1]) if live[b] else None
                                    for b in range(batch)]).logits  # (B, 1, V)
             draft.commit_accepted(kept, None, lambda: live)
-            picks.append(self._pick(logits[:, 0], states))
+            picks.append(self._pick(logits[:, 0], slots))
         tokens = torch.stack([token for token, _ in picks], dim=1)  # (B, K)
         drafts = {}
-        for slot in states:
+        for slot in slots:
             drafts[slot] = self._template.with_tokens(tokens[slot])
             if self.temperature > 0:
                 drafts[slot].draft_probs = torch.stack([probs[slot] for _, probs in picks])  # (K, V)
         return drafts
 
-    def _pick(self, logits: torch.Tensor, states) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def _pick(self, logits: torch.Tensor, slots) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(B,) each slot's draft token from its logits row ``(B, V)``, and (B, V) the distributions they were drawn
         from (None for greedy point masses); each active slot samples with its own generator."""
         if self.temperature == 0:
             return logits.argmax(dim=-1), None
         probs = torch.softmax(logits.float() / self.temperature, dim=-1)  # (B, V)
         token = torch.zeros(probs.shape[0], dtype=torch.long, device=probs.device)  # (B,) idle rows: 0
-        for slot in states:
+        for slot in slots:
             token[slot : slot + 1] = torch.multinomial(probs[slot], 1, generator=self.generators[slot])  # (1,)
         return token, probs
 
@@ -145,31 +171,47 @@ class DraftModelProposer(SlotProposer):
         truncate what the target rejected and feed their new tokens in one ragged batched step."""
         draft, batch = self.draft, self.draft.batch_size
         inputs: list[SlotInput | None] = [None] * batch
-        truncate, fresh = {}, {}
+        truncate = {}
+        fresh, known = self._begin(states, {b: state.token_ids for b, state in states.items()
+                                            if self._anchor[b] == 0 or self._anchor[b] > state.token_ids.numel()})
         for slot, state in states.items():
             length, anchor, fed = state.token_ids.numel(), self._anchor[slot], self.k - 1  # host-known
-            if anchor == 0 or anchor > length:  # a new request (or a shorter history): start over
-                fresh[slot] = state.token_ids
-            else:
+            if slot not in fresh:
                 keep = anchor + min(fed, length - 1 - anchor)  # at most length - 1: re-feed the last
                 if keep != anchor + fed:  # the cache holds anchor + fed entries
                     truncate[slot] = keep
                 new = state.token_ids[keep:]  # (n,) n >= 1, device-held
                 inputs[slot] = SlotInput([], list(range(new.numel())), tail=new)
             self._anchor[slot] = length
-        outputs = draft.prefill_many(list(fresh), list(fresh.values())) if fresh else []
-        prefilled = {slot: out.logits[-1] for slot, out in zip(fresh, outputs)}  # (V,) each
+        if truncate:
+            draft.truncate(truncate)
+        counts = [0 if x is None else len(x) for x in inputs]
+        return self._feed(draft, inputs, host_to_device(counts, draft.device), known, counts)
+
+    def _begin(self, active, fresh: dict[int, torch.Tensor]) -> tuple[dict, dict[int, torch.Tensor]]:
+        """Free the rows of slots no longer decoding and prefill the ``fresh`` histories ``(T,)`` (new requests, or
+        a shorter history) together: (fresh, each one's logits after its last token ``(V,)``)."""
+        for slot in set(range(self.draft.batch_size)) - set(active):
+            self._reset(slot)
+        outputs = self.draft.prefill_many(list(fresh), list(fresh.values())) if fresh else []
+        for slot, history in fresh.items():
+            self._anchor[slot] = history.numel()
+            self._anchors[slot] = history.numel()
+        return fresh, {slot: out.logits[-1] for slot, out in zip(fresh, outputs)}
+
+    def _feed(self, draft, inputs: list[SlotInput | None], counts: torch.Tensor, known: dict[int, torch.Tensor],
+              host_counts: list[int] | None = None) -> torch.Tensor:
+        """One ragged draft step feeding each slot's ``counts[b]`` ``(B,)`` new tokens (host-known as ``host_counts``,
+        else one node per live input, an upper bound): ``(B, V)`` the logits after each slot's last, ``known``'s
+        rows (prefilled slots) as given, idle rows anything."""
         if all(x is None for x in inputs):  # every active slot was prefilled
-            logits = torch.zeros(batch, draft.vocab_size, device=draft.device)  # (B, V)
+            logits = torch.zeros(draft.batch_size, draft.vocab_size, device=draft.device)  # (B, V)
         else:
-            if truncate:
-                draft.truncate(truncate)
-            counts = [0 if x is None else len(x) for x in inputs]
+            bounds = host_counts or [0 if x is None else 1 for x in inputs]
             out = draft.verify(inputs).logits  # (B, W, V) row b's first counts[b] are real
-            last = host_to_device([max(n - 1, 0) for n in counts], draft.device)  # (B,)
-            draft.commit_accepted(host_to_device(counts, draft.device), None, lambda: counts)
-            logits = out[self._rows, last]  # (B, V)
-        for slot, row in prefilled.items():
+            draft.commit_accepted(counts, None, lambda: bounds)
+            logits = out[self._rows, (counts - 1).clamp_min(0)]  # (B, V)
+        for slot, row in known.items():
             logits[slot] = row
         return logits
 

@@ -9,7 +9,7 @@ import copy
 import torch
 from torch import nn
 
-from specbench.eagle.captured import COMMITTED, CapturedHead
+from specbench.eagle.captured import COMMITTED, CapturedHead, check_features
 from specbench.eagle.draft_head import EagleHead
 from specbench.eagle.drafting import drafting
 from specbench.engine.draft import Draft
@@ -193,60 +193,21 @@ class EagleProposer(SlotProposer):
         return {slot: drafts[slot] for slot in states}
 
     @torch.inference_mode()
-    def propose_queued(self, history, active: list[int]) -> dict[int, Draft | None]:
+    def propose_queued(self, history, lengths: dict[int, int]) -> dict[int, Draft | None]:
         """``propose`` for a step queued ahead of the host's reads: every slot's catch-up formed on the device from the
         history (padded to the deepest accepted path + 1, the captured width; a step beginning a request: its
         prompt's, eagerly), then the draft step (docs/eagle.md#catch-up)."""
-        prompts = [self._fresh.pop(b) for b in active if b in self._fresh]
-        self._check_features(history.features, active[0])
+        prompts = [self._fresh.pop(b) for b in lengths if b in self._fresh]
+        check_features(history.features, self.feature_width, next(iter(lengths)))
         root = self.captured.follow(history.tokens, history.features, history.lengths,
                                     max([self.max_depth + 1, *prompts]), replayable=not prompts)
         drafts = self.rule.shape(self.captured.draft(*root))
-        return {b: drafts[b] for b in active}
-
-    def _check_features(self, features: torch.Tensor, slot: int) -> None:
-        if features.shape[-1] != self.feature_width:
-            raise ValueError(f"the EAGLE head reads {self.feature_width}-wide features, slot {slot} has "
-                             f"{features.shape[-1]} (an EAGLE-3 head needs the batched target's set_aux_layers)")
+        return {b: drafts[b] for b in lengths}
 
     def _draft(self, states: dict[int, ProposerState]) -> list[Draft]:
         """Every slot's draft (an idle slot's is discarded): one catch-up step, then the draft step (every expansion
         depth and the rule between them)."""
-        root_hidden, root_logits = self._catch_up(states)  # (B, H), (B, V) predicts depth 1
-        return self.rule.shape(self.captured.draft(root_hidden, root_logits))
+        return self.rule.shape(self.captured.draft(*self._catch_up(states)))
 
     def _catch_up(self, states: dict[int, ProposerState]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Run the draft over each slot's positions the target accepted since its last call, with the target's
-        features, in one step padded to the widest slot; returns the draft's output ``(B, H)`` and logits
-        ``(B, V)`` at each slot's last position (its root's; idle rows: anything).
-
-        Draft position i reads ``embed(token_ids[i + 1])`` and ``hidden_states[i]``, from ``start = min(committed,
-        T - 2)``: entries past the committed positions (the last draft's nodes) are overwritten, and a call with
-        nothing new redoes the last position, so it costs what a step with no accepted token costs
-        (docs/eagle.md#catch-up). A slot no longer decoding starts over when it gets a request.
-        """
-        lengths, batch = self.cache.lengths, self.batch_size
-        starts, counts, parts = [0] * batch, [1] * batch, []
-        for slot in range(batch):
-            if slot not in states:
-                lengths[slot] = 0
-        for slot, state in states.items():
-            if not 0 <= slot < batch:
-                raise ValueError(f"slot {slot} of an EAGLE proposer of {batch} slots; build it for the target's batch "
-                                 "size (engine.proposer.for_batch)")
-            tokens, features = state.token_ids, state.hidden_states
-            need = tokens.numel() - 1  # draft positions 0 .. T - 2, host-known from the view's shape
-            if features is None or features.dim() != 2 or features.shape[0] != need or need < 1:
-                got = None if features is None else tuple(features.shape)
-                raise ValueError(f"the EAGLE proposer needs the target's hidden states ({need}, F) for slot {slot}'s "
-                                 f"{tokens.numel()} tokens, got {got}")
-            self._check_features(features, slot)
-            start = min(lengths[slot], need - 1)
-            starts[slot], counts[slot], lengths[slot] = start, need - start, need
-            parts.append((slot, tokens[start + 1: need + 1], features[start:need]))  # (n,), (n, F)
-        self.captured.set_slots(starts, counts, lengths)
-        # a step's catch-up (the accepted tokens and the bonus one) replays its width's graph; a request's first
-        # (its prompt: a new width every request) and anything wider run eagerly
-        width = max(counts)
-        replayable = width <= self.max_depth + 1 and all(starts[slot] > 0 for slot in states)
-        return self.captured.catch_up(parts, width, replayable=replayable)
+        return self.captured.catch_up_states(states, self.feature_width, self.max_depth)  # (B, H), (B, V): depth 1
