@@ -8,11 +8,12 @@ place of a GPU launch, so the figure tracks the launch count between replays (do
 compare trees with it on one machine (bench/in_archive.py for another commit's tree). ``--proposer eagle2``
 times EAGLE-2 steps instead (a random tiny head, dynamic tree top_k 4, depth 4, 16 nodes, its drafting graphs free
 too), ``medusa-chain`` and ``medusa-tree`` Medusa's (five random heads: a chain of 3, or the published 63-node
-tree, from $SPECBENCH_DATA_DIR): what the loop and the proposer launch between replays. ``--queue-ahead``
-queues greedy steps one ahead of their reads, as on a GPU (plain, Medusa and EAGLE; docs/engines.md#steps-queued-ahead).
+tree, from $SPECBENCH_DATA_DIR), ``draft`` a draft model's (a second random tiny Llama, K = 3): what the loop
+and the proposer launch between replays. ``--queue-ahead``
+queues greedy steps one ahead of their reads, as on a GPU (docs/engines.md#steps-queued-ahead).
 
     python bench/host_cost.py [--new-tokens 200] [--batch-size 1] [--repeats 7] [--queue-ahead] [--profile tottime]
-                              [--proposer {none,eagle2,medusa-chain,medusa-tree}]
+                              [--proposer {none,eagle2,medusa-chain,medusa-tree,draft}]
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from specbench.eagle.draft_head import EagleConfig, EagleHead  # noqa: E402
 from specbench.proposers.eagle import EagleProposer  # noqa: E402
 from specbench.medusa.heads import MedusaHeads, MedusaHeadsConfig  # noqa: E402
 from specbench.proposers.medusa import MedusaProposer  # noqa: E402
+from specbench.proposers.draft_model import DraftModelProposer  # noqa: E402
 
 
 class _FreeReplay:
@@ -70,8 +72,15 @@ def medusa(target: StaticTarget, tree: bool) -> MedusaProposer:
     return MedusaProposer.from_options(target, heads=heads, **options)
 
 
+def draft_model(target: StaticTarget) -> DraftModelProposer:
+    """A draft model of K = 3: a second random tiny Llama of the target's vocabulary, its step graphs free too."""
+    draft = StaticTarget.from_hf_model(tiny_llama(seed=1, vocab_size=512), batch_size=target.batch_size,
+                                       compile=False, graph_backend=FreeCapture(), prefill_graphs=False)
+    return DraftModelProposer.from_options(target, draft=draft, num_speculative_tokens=3)
+
+
 PROPOSERS = {"none": lambda target: None, "eagle2": eagle2, "medusa-chain": lambda target: medusa(target, False),
-             "medusa-tree": lambda target: medusa(target, True)}
+             "medusa-tree": lambda target: medusa(target, True), "draft": draft_model}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -80,10 +89,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch-size", type=int, default=1, help="slots, each with one 64-token prompt")
     parser.add_argument("--repeats", type=int, default=7, help="timed runs after two warm-ups; the median is printed")
     parser.add_argument("--proposer", choices=tuple(PROPOSERS), default="none",
-                        help="plain steps (none), EAGLE-2's or Medusa's")
+                        help="plain steps (none), EAGLE-2's, Medusa's or a draft model's")
     parser.add_argument("--queue-ahead", action="store_true",
-                        help="queue greedy steps one ahead of their reads, as on a GPU (plain, Medusa, EAGLE; a CPU reads "
-                             "each step first)")
+                        help="queue greedy steps one ahead of their reads, as on a GPU (every proposer here; a CPU "
+                             "reads each step first)")
     parser.add_argument("--profile", metavar="SORT", help="also cProfile five runs, sorted by SORT (tottime, cumulative)")
     args = parser.parse_args(argv)
     target = tiny_target(args.batch_size)

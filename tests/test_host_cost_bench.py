@@ -6,6 +6,7 @@ import re
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
@@ -29,8 +30,9 @@ def test_a_free_replay_captures_once_and_never_runs_the_forward_again():
     assert sum(target.graphs.replays.values()) >= 4  # every step after the first token replayed a free graph
 
 
-def test_medusa_steps_queued_ahead_are_timed_and_named(capsys):
-    """The chain option needs no data directory (the tree loads the published mc_sim_7b_63 from it)."""
-    assert host_cost.main(["--new-tokens", "6", "--repeats", "1", "--proposer", "medusa-chain", "--queue-ahead"]) == 0
+@pytest.mark.parametrize("proposer", ["medusa-chain", "eagle2", "draft"])
+def test_speculative_steps_queued_ahead_are_timed_and_named(capsys, proposer):
+    """These options need no data directory (the Medusa tree loads the published mc_sim_7b_63 from it)."""
+    assert host_cost.main(["--new-tokens", "6", "--repeats", "1", "--proposer", proposer, "--queue-ahead"]) == 0
     line = capsys.readouterr().out.strip().splitlines()[-1]
-    assert line.startswith("loop cost per medusa-chain (queued ahead) step, free replays, B = 1: "), line
+    assert line.startswith(f"loop cost per {proposer} (queued ahead) step, free replays, B = 1: "), line
