@@ -163,44 +163,80 @@ def test_propose_reads_nothing_back_and_a_step_once(tiny, mode, monkeypatch):
 
 def decode_queued(static, make, prompts, config, batch_size: int, graphs: bool):
     """The prompts with every greedy step queued one ahead of the host's reads (as on a GPU), the target's steps and
-    (``graphs``) the draft's replayed through the CPU stand-ins; (results, decoder, per propose: did it begin a
-    request?)."""
+    (``graphs``) the draft's replayed through the CPU stand-ins; (results, decoder, each request's drafts, per
+    propose: did it begin a request?)."""
     target = static.with_batch_size(batch_size, cuda_graphs=graphs, graph_backend=TargetCapture() if graphs else None)
     proposer = for_batch(make(target, FakeCapture() if graphs else None), batch_size)
-    begun, proposes, begin, propose = [], [], proposer.begin_request, proposer.propose_queued
-    proposer.begin_request = lambda slot, ids: begun.append(slot) or begin(slot, ids)
-    proposer.propose_queued = lambda history, lengths: proposes.append(bool(begun)) or begun.clear() or propose(
-        history, lengths)
+    request_of, drafts, begun, proposes = {}, [[] for _ in prompts], [], []
+    begin, propose = proposer.begin_request, proposer.propose_queued
+
+    def begin_request(slot, prompt_ids):
+        request_of[slot] = next(i for i, p in enumerate(prompts) if torch.equal(p, prompt_ids.cpu()))
+        begun.append(slot)
+        begin(slot, prompt_ids)
+
+    def propose_queued(history, lengths):
+        proposes.append(bool(begun))
+        begun.clear()
+        out = propose(history, lengths)
+        for slot, draft in out.items():
+            drafts[request_of[slot]].append(draft.tokens.tolist())
+        return out
+
+    proposer.begin_request, proposer.propose_queued = begin_request, propose_queued
     decoder = Decoder(target, proposer, config)
     decoder.queue_ahead = True
     results = decoder.generate_all(prompts)
     assert decoder._ahead and proposer.captured.enabled == graphs
-    return results, decoder, proposes
+    return results, decoder, drafts, proposes
+
+
+def assert_drafts_as_alone(drafts, alone_drafts) -> None:
+    """Every draft of every request as alone, token for token; queued ahead, a step queued after a request's end
+    drafts once more for it (dropped)."""
+    assert len(drafts) == len(alone_drafts)
+    for got, want in zip(drafts, alone_drafts):
+        assert got[: len(want)] == want and len(got) <= len(want) + 1
 
 
 @pytest.mark.parametrize("kind", HEADS)
 @pytest.mark.parametrize("mode", sorted(MODES))
 def test_steps_queued_ahead_catch_up_on_the_device_and_decode_as_alone(tiny, kind, mode, monkeypatch):
     """Queued ahead, each slot's catch-up is formed on the device from the history (the host's lengths lag a step):
-    tokens and counters as alone at B = 1 and 3, each step reading the one before it once; with graphs, every
+    drafts, tokens and counters as alone at B = 1 and 3, each step reading the one before it once; with graphs, every
     propose that begins no request replays the one catch-up graph of the deepest path + 1 and captures nothing."""
     makers, prompts = tiny
     static, eager, make_with = makers[kind]
     eos = eos_mid_run(eager, prompts, MAX_NEW)
     config = GenerationConfig(max_new_tokens=MAX_NEW, eos_token_ids=(eos,))
-    alone, _ = decode_alone_recording(eager, lambda: make_with(eager, MODES[mode]), prompts, config)
+    alone, alone_drafts = decode_alone_recording(eager, lambda: make_with(eager, MODES[mode]), prompts, config)
     make = lambda target, backend=None: make_with(target, {**MODES[mode], "graph_backend": backend})  # noqa: E731
     make(static)  # an EAGLE-3 head asks for its features before the batched targets copy static's aux layers
     batched, decoder, steps = counted_run(static, make, prompts, config, 3, monkeypatch)
     assert_each_request_as_alone(batched, alone)
     assert steps[0] == (0, 1) and set(steps[1:]) == {(1, 1)}, steps
     for batch_size, graphs in ((1, False), (3, True)):
-        batched, decoder, proposes = decode_queued(static, make, prompts, config, batch_size, graphs)
+        batched, decoder, drafts, proposes = decode_queued(static, make, prompts, config, batch_size, graphs)
         assert_each_request_as_alone(batched, alone)
+        assert_drafts_as_alone(drafts, alone_drafts)
     captured = decoder.proposer.captured.graphs
     replays = {w: n - 1 for (k, w), n in captured.replays.items() if k == CATCH_UP and n > 1}  # less reserve's
     assert replays == {decoder.proposer.max_depth + 1: proposes.count(False)} and proposes.count(True) > 1
     assert set(captured.captures.values()) == {1}  # each captured once, by reserve
+
+
+def test_a_dynamic_tree_of_unknown_chain_shape_queues_ahead_reading_once_per_step(tiny, monkeypatch):
+    """total_tokens <= depth with top_k > 1: whether a draft is one path only the device knows, so queued ahead (greedy)
+    it verifies as a tree, and a step still reads the device once."""
+    makers, prompts = tiny
+    static, eager, make_with = makers["eagle"]
+    options = dict(top_k=2, depth=4, total_tokens=3)
+    config = GenerationConfig(max_new_tokens=12, ignore_eos=True)
+    alone, _ = decode_alone_recording(eager, lambda: make_with(eager, options), prompts, config)
+    batched, decoder, steps = counted_run(static, lambda target: make_with(target, options), prompts, config, 3,
+                                          monkeypatch)
+    assert_each_request_as_alone(batched, alone)
+    assert steps[0] == (0, 1) and set(steps[1:]) == {(1, 1)}, steps
 
 
 def test_features_of_the_wrong_width_are_refused_naming_set_aux_layers(tiny):
@@ -274,8 +310,9 @@ def test_reference_heads_batched_equal_the_eager_reference_run(reference, refere
     # queued ahead of the host's reads (as on a GPU): catch-ups of whole accepted runs formed on the device
     queued = lambda target, backend: cls.from_options(target, head=head, graph_backend=backend, **options)  # noqa: E731
     for graphs in (False, True):
-        batched, _, _ = decode_queued(static, queued, prompts, config, 3, graphs)
+        batched, _, drafts, _ = decode_queued(static, queued, prompts, config, 3, graphs)
         assert_each_request_as_alone(batched, alone)
+        assert_drafts_as_alone(drafts, alone_drafts)
 
 
 def test_a_growing_draft_cache_keeps_the_expansion_entries_past_the_committed_lengths():

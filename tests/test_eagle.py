@@ -98,6 +98,8 @@ class OracleEagle(EagleProposer):
     """Runs the EAGLE catch-up and drafting every step, but returns an oracle chain (wrong where asked), so whole
     runs of tokens are accepted and the catch-up must add several positions at once."""
 
+    queues_ahead = False  # the oracle drafts from the accepted tokens: on a GPU too, steps are read one by one
+
     def __init__(self, oracle: ScriptedProposer, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.oracle, self.seen = oracle, []

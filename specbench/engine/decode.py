@@ -116,8 +116,8 @@ class Decoder:
         limit, room = self.target.max_context, self.proposer.max_draft_tokens if self.proposer else 0  # room: per step
         longest = max(p.numel() for p in prompts) + self.config.max_new_tokens
         # queued ahead, a slot's cache holds two steps' drafts; where they do not fit, steps are read one by one
-        self._ahead = (self.queue_ahead and hasattr(self.target, "settle") and longest + 2 * room <= limit
-                       and verifies_greedily(self.config.sampling)
+        self._ahead = (self.queue_ahead and hasattr(self.target, "settle") and verifies_greedily(self.config.sampling)
+                       and longest + 2 * room <= min(limit, getattr(self.proposer, "max_context", limit))  # a draft's
                        and (self.proposer is None or self.proposer.queues_ahead))
         for index, prompt in enumerate(prompts):
             if prompt.numel() == 0:

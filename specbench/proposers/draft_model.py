@@ -43,6 +43,8 @@ class DraftModelProposer(SlotProposer):
         self._anchors = torch.zeros(batch, dtype=torch.long, device=draft.device)  # (B,) the same, queued ahead
         self._rows, self._pair = torch.arange(batch, device=draft.device), torch.arange(2, device=draft.device)
         self._template = Draft.chain(torch.zeros(num_speculative_tokens, dtype=torch.long, device=draft.device))
+        # greedy drafts queue ahead on a draft target taking device lengths, which holds two steps' drafts then too
+        self.queues_ahead, self.max_context = self.temperature == 0 and hasattr(draft, "truncate_to"), draft.max_context
 
     @classmethod
     def from_options(cls, target, *, path: str | None = None, draft=None, num_speculative_tokens: int = 3,
@@ -79,11 +81,6 @@ class DraftModelProposer(SlotProposer):
     @property
     def max_draft_tokens(self) -> int:
         return self.k
-
-    @property
-    def queues_ahead(self) -> bool:
-        """Greedy drafts on a draft target that takes its lengths from the device (the static engine's)."""
-        return self.temperature == 0 and hasattr(self.draft, "truncate_to")
 
     @property
     def capture_seconds(self) -> float:
@@ -201,9 +198,9 @@ class DraftModelProposer(SlotProposer):
 
     def _feed(self, draft, inputs: list[SlotInput | None], counts: torch.Tensor, known: dict[int, torch.Tensor],
               host_counts: list[int] | None = None) -> torch.Tensor:
-        """One ragged draft step feeding each slot's ``counts[b]`` ``(B,)`` new tokens (host-known as ``host_counts``,
-        else one node per live input, an upper bound): ``(B, V)`` the logits after each slot's last, ``known``'s
-        rows (prefilled slots) as given, idle rows anything."""
+        """One ragged draft step feeding each slot's ``counts[b]`` ``(B,)`` new tokens (host-known as ``host_counts``;
+        queued ahead, one per live input, which leaves the host lengths ``propose_queued`` set upper bounds): ``(B,
+        V)`` the logits after each slot's last, ``known``'s rows (prefilled slots) as given, idle rows anything."""
         if all(x is None for x in inputs):  # every active slot was prefilled
             logits = torch.zeros(draft.batch_size, draft.vocab_size, device=draft.device)  # (B, V)
         else:

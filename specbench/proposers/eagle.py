@@ -202,6 +202,8 @@ class EagleProposer(SlotProposer):
         root = self.captured.follow(history.tokens, history.features, history.lengths,
                                     max([self.max_depth + 1, *prompts]), replayable=not prompts)
         drafts = self.rule.shape(self.captured.draft(*root))
+        for draft in drafts:  # greedy (queued ahead): a tree whose chain shape only the device knows verifies as a tree
+            draft.precomputed_is_chain = bool(draft.precomputed_is_chain)
         return {b: drafts[b] for b in lengths}
 
     def _draft(self, states: dict[int, ProposerState]) -> list[Draft]:
