@@ -349,7 +349,7 @@ class StaticTarget:
     @torch.inference_mode()
     def truncate_to(self, keep: torch.Tensor, bounds: dict[int, int]) -> None:
         """``truncate`` from the device, for a step queued ahead of the host's reads: slot b keeps at most ``keep[b]``
-        ``(B,)`` entries, and the host mirror of each slot in ``bounds`` becomes ``bounds[b]``, an upper bound of that."""
+        ``(B,)`` entries, and the host mirror of each slot in ``bounds`` becomes ``bounds[b]``, an upper bound."""
         self._cache.lengths.clamp_(max=keep)  # (B,)
         for slot, bound in bounds.items():
             self._cache.host_lengths[slot] = bound

@@ -118,7 +118,8 @@ class DraftModelProposer(SlotProposer):
         of :meth:`_catch_up` formed on the device from the history, each slot's new tokens padded to 2 (the most a
         catch-up feeds), the draft's host lengths set from ``lengths``, upper bounds of the history's."""
         draft, batch = self.draft, self.draft.batch_size
-        fresh, known = self._begin(lengths, {b: history.tokens[b, :n] for b, n in lengths.items() if not self._anchor[b]})
+        admitted = {b: history.tokens[b, :n] for b, n in lengths.items() if not self._anchor[b]}  # exact: just admitted
+        fresh, known = self._begin(lengths, admitted)
         live = host_to_device([b in lengths and b not in fresh for b in range(batch)], draft.device).bool()  # (B,)
         ends = history.lengths  # (B,)
         keep = torch.minimum(self._anchors + (self.k - 1), ends - 1)  # (B,) as _catch_up's, per slot
