@@ -314,10 +314,9 @@ class Decoder:
         if self.proposer is None:
             return {b: _EMPTY_DRAFT for b in active}
         history, states = self._history, {}
-        if self._ahead:  # the host's lengths lag the step in flight: the proposer drafts from the device history
-            queued = self._queued or ([None] * len(slots), None, None, None)  # its requests and nodes (upper bounds)
-            drafts = self.proposer.propose_queued(history, {b: slots[b].length + (
-                queued[3][b] if queued[0][b] is slots[b] else 0) for b in active})
+        if self._ahead:  # the host's lengths lag the step in flight: the proposer drafts from the device history,
+            # each bounded by the target's host mirror (cache + root), which counts the step in flight's nodes in full
+            drafts = self.proposer.propose_queued(history, {b: self.target.cache_length(b) + 1 for b in active})
         else:
             for b in active:
                 length = slots[b].length

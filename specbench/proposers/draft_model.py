@@ -120,7 +120,8 @@ class DraftModelProposer(SlotProposer):
         draft, batch = self.draft, self.draft.batch_size
         admitted = {b: history.tokens[b, :n] for b, n in lengths.items() if not self._anchor[b]}  # exact: just admitted
         fresh, known = self._begin(lengths, admitted)
-        live = host_to_device([b in lengths and b not in fresh for b in range(batch)], draft.device).bool()  # (B,)
+        caught = [b in lengths and b not in fresh for b in range(batch)]  # the slots this catch-up feeds
+        live = host_to_device(caught, draft.device).bool()  # (B,)
         ends = history.lengths  # (B,)
         keep = torch.minimum(self._anchors + (self.k - 1), ends - 1)  # (B,) as _catch_up's, per slot
         draft.truncate_to(torch.where(live, keep, draft.cache_capacity), {b: n - 1 for b, n in lengths.items()
@@ -129,8 +130,8 @@ class DraftModelProposer(SlotProposer):
         new = history.tokens.gather(1, columns)  # (B, 2) a second node past a slot's count is padding
         counts = torch.where(live, ends - keep, 0)  # (B,) 1 or 2 per catching-up slot
         self._anchors = torch.where(live, ends, self._anchors)
-        return self._draft(self._feed(draft, [SlotInput([], [0, 1], tail=new[b]) if b in lengths and b not in fresh
-                                              else None for b in range(batch)], counts, known), list(lengths))
+        inputs = [SlotInput([], [0, 1], tail=new[b]) if caught[b] else None for b in range(batch)]
+        return self._draft(self._feed(draft, inputs, counts, known), list(lengths))
 
     def _draft(self, logits: torch.Tensor, slots: list[int]) -> dict[int, Draft]:
         """The K draft tokens of ``slots`` from the catch-up's logits ``(B, V)``: K - 1 single-token draft steps."""
