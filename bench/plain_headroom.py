@@ -12,6 +12,8 @@ after a warm-up pass:
             device (argmax into the step's input, the cache length advanced on the device): no host read between steps
   steps-K   K such steps captured as one CUDA graph at the span of the run's last step, replayed N / K times (CUDA
             only)
+With --triton-attention (CUDA only), a second copy of the target whose verify attention is bench/_decode_attention.py's
+Triton kernel instead of SDPA adds loop-triton and verify-triton: the kernel's A/B in the same process.
 Each mode's tokens are compared with the loop's (the same greedy continuation). The modes run in turn, --rounds
 times (alternating, so a drifting clock moves them alike); each figure is the median over rounds. Prints ms per
 token (decode steps after the first token) and the fraction of the ceiling (weight bytes / copy bandwidth), writes
@@ -31,6 +33,7 @@ import time
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -161,6 +164,28 @@ def steps_mode(target, prompt: torch.Tensor, n: int, k: int) -> tuple[list[int],
     return [first, *steps.out[: rounds * k].tolist()], seconds
 
 
+class TritonAttention:
+    """SDPA with an additive mask (every verify) through the Triton kernel while ``on``: graphs captured meanwhile
+    record it; prefills (no mask) and graphs captured with ``on`` False keep SDPA."""
+
+    def __init__(self):
+        from _decode_attention import attend
+        self.attend, self.sdpa, self.on = attend, F.scaled_dot_product_attention, False
+        F.scaled_dot_product_attention = self
+
+    def __call__(self, q, k, v, attn_mask=None, **options):
+        if self.on and attn_mask is not None:
+            return self.attend(q, k, v, attn_mask[:, 0])  # bias (B, 1, W, K) -> (B, W, K)
+        return self.sdpa(q, k, v, attn_mask=attn_mask, **options)
+
+    def run(self, mode):
+        self.on = True
+        try:
+            return mode()
+        finally:
+            self.on = False
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("out", type=Path)
@@ -169,6 +194,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prompt-tokens", type=int, default=32)
     parser.add_argument("--steps", default="4,8", help="K of the steps-K modes (CUDA only), comma-separated")
     parser.add_argument("--rounds", type=int, default=3, help="times every mode runs, in turn (median reported)")
+    parser.add_argument("--triton-attention", action="store_true",
+                        help="add loop-triton and verify-triton: a second target whose verify attention is Triton's")
     args = parser.parse_args(argv)
     target, dtype = load_target(args)
     device = target.device
@@ -180,6 +207,10 @@ def main(argv: list[str] | None = None) -> int:
     if device.type == "cuda":
         for k in (int(x) for x in args.steps.split(",") if x):
             modes[f"steps-{k}"] = lambda k=k: steps_mode(target, prompt, args.new_tokens, k)
+        if args.triton_attention:
+            patch, other = TritonAttention(), load_target(args)[0]
+            modes["loop-triton"] = lambda: patch.run(lambda: loop_mode(other, prompt, args.new_tokens))
+            modes["verify-triton"] = lambda: patch.run(lambda: verify_mode(other, prompt, args.new_tokens))
     weight_bytes = sum(p.numel() * p.element_size() for p in target.module.parameters())
     ceiling_s = weight_bytes / copy_bandwidth(device) if device.type == "cuda" else None
     times: dict[str, list[float]] = {name: [] for name in modes}
