@@ -34,6 +34,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from types import SimpleNamespace
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -43,6 +44,7 @@ from _phase_clock import sync  # noqa: E402
 from speed_7b import copy_bandwidth  # noqa: E402
 
 from specbench.io.atomic_write import write_text_atomic  # noqa: E402
+from specbench.engine import static_llama  # noqa: E402
 from specbench.engine.decode import Decoder, GenerationConfig  # noqa: E402
 from specbench.engine.static_cache import attention_span  # noqa: E402
 from specbench.engine.step_inputs import SlotInput  # noqa: E402
@@ -171,7 +173,7 @@ class TritonAttention:
     def __init__(self):
         from _decode_attention import attend
         self.attend, self.sdpa, self.on = attend, F.scaled_dot_product_attention, False
-        F.scaled_dot_product_attention = self
+        static_llama.F = SimpleNamespace(**{**vars(F), "scaled_dot_product_attention": self})  # the engine's only
 
     def __call__(self, q, k, v, attn_mask=None, **options):
         if self.on and attn_mask is not None:
