@@ -1,0 +1,110 @@
+"""How long does a verify step's rotary stage plus its cache write take per layer, written three ways? The cache
+write's `scatter_` took 4.7 us per layer in the 2026-12-05b profile (bench/results/h200-2026-12-05b/), as much as
+the whole attention kernel saves with Triton, so this is the next candidate on plain decoding's way to 0.80 of the
+ceiling (docs/engines.md). 32 layers of the Vicuna-7B shape (32 heads of 128, bf16) over one cache tensor
+(layers, 2, B, KVH, S, D), as the engine holds it, replayed as one CUDA graph:
+  scatter     the engine's way: the compiled rope_qkv stage, then one scatter_ into the layer's cache view
+  index-copy  the compiled rope_qkv stage, then index_copy_ into the layer's cache flattened to rows, through row
+              numbers computed once per step (their cost is counted once, not per layer)
+  fused       rope and the cache write in one compiled function (the write a mutation inductor emits in its kernel)
+Each way's cache and q are compared with the engine's. Prints microseconds per layer and the compiled functions'
+recompilations, writes OUT/cache_write.json.
+
+    python bench/cache_write.py OUT [--widths 1,4,64] [--batch-sizes 1,8] [--reps 50]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from attention_backends import time_graph  # noqa: E402
+from specbench.engine.static_ops import rope_qkv  # noqa: E402
+from specbench.io.atomic_write import write_text_atomic  # noqa: E402
+
+LAYERS, HEADS, HEAD_DIM, SPAN = 32, 32, 128, 512
+
+
+def scatter_write(kv, slots, kv_new):
+    """The engine's write (engine/static_llama.py): ``kv`` (2, B, KVH, S, D), ``slots`` (B, W), ``kv_new``
+    (2, KVH, B * W, D)."""
+    two, batch, kvh, _, d = kv.shape
+    width = slots.shape[1]
+    where = slots[None, :, None, :, None].expand(2, batch, kvh, width, d)  # (2, B, KVH, W, D)
+    kv.scatter_(3, where, kv_new.view(2, kvh, batch, width, d).transpose(1, 2))
+
+
+def fused(qkv, cos, sin, kv, slots):
+    q, kv_new = rope_qkv(qkv, cos, sin, HEADS, HEADS)  # (1, NH, B * W, D), (2, KVH, B * W, D)
+    scatter_write(kv, slots, kv_new)
+    return q
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("out_dir")
+    parser.add_argument("--widths", default="1,4,64")
+    parser.add_argument("--batch-sizes", default="1,8")
+    parser.add_argument("--reps", type=int, default=50)
+    args = parser.parse_args()
+    out = Path(args.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(0)
+    dev, dtype = torch.device("cuda"), torch.bfloat16
+    torch._dynamo.config.recompile_limit = 256
+    rope, fused_write = torch.compile(rope_qkv, fullgraph=True), torch.compile(fused, fullgraph=True)
+    rows = []
+    for batch in [int(b) for b in args.batch_sizes.split(",")]:
+        cache = torch.zeros(LAYERS, 2, batch, HEADS, SPAN, HEAD_DIM, device=dev, dtype=dtype)
+        for width in [int(w) for w in args.widths.split(",")]:
+            qkv = torch.randn(batch * width, 3 * HEADS * HEAD_DIM, device=dev, dtype=dtype)
+            cos, sin = (torch.randn(batch * width, HEAD_DIM, device=dev, dtype=dtype) for _ in range(2))
+            slots = (torch.arange(width, device=dev) + 100 + 7 * torch.arange(batch, device=dev)[:, None])  # (B, W)
+
+            def by_scatter():
+                for layer in range(LAYERS):
+                    q, kv_new = rope(qkv, cos, sin, HEADS, HEADS)
+                    scatter_write(cache[layer], slots, kv_new)
+                return q
+
+            def by_index_copy():
+                heads = torch.arange(batch * HEADS, device=dev).view(batch, HEADS, 1) * SPAN  # (B, KVH, 1)
+                index = (heads + slots[:, None, :]).flatten()  # (B * KVH * W,) once per step
+                for layer in range(LAYERS):
+                    q, kv_new = rope(qkv, cos, sin, HEADS, HEADS)
+                    values = kv_new.view(2, HEADS, batch, width, HEAD_DIM).transpose(1, 2)  # (2, B, KVH, W, D)
+                    cache[layer].view(2, -1, HEAD_DIM).index_copy_(1, index, values.reshape(2, -1, HEAD_DIM))
+                return q
+
+            def by_fused():
+                for layer in range(LAYERS):
+                    q = fused_write(qkv, cos, sin, cache[layer], slots)
+                return q
+
+            expected = None
+            for name, step in (("scatter", by_scatter), ("index-copy", by_index_copy), ("fused", by_fused)):
+                cache.zero_()
+                q = step()
+                same = expected is None or (torch.equal(q, expected[0]) and torch.equal(cache, expected[1]))
+                expected = expected or (q.clone(), cache.clone())
+                before = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+                seconds = time_graph(step, args.reps)
+                row = {"way": name, "batch": batch, "width": width, "us_per_layer": seconds / LAYERS * 1e6,
+                       "equal_to_scatter": same,
+                       "graphs_compiled_while_timed": torch._dynamo.utils.counters["stats"]["unique_graphs"] - before}
+                rows.append(row)
+                print(f"B={batch:2d} W={width:3d} {name:11s} {row['us_per_layer']:6.2f} us/layer  equal {same}  "
+                      f"compiled graphs {torch._dynamo.utils.counters['stats']['unique_graphs']}", flush=True)
+    write_text_atomic(out / "cache_write.json", json.dumps({"rows": rows}, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
