@@ -3,10 +3,10 @@ write's `scatter_` took 4.7 us per layer in the 2026-12-05b profile (bench/resul
 the whole attention kernel saves with Triton, so this is the next candidate on plain decoding's way to 0.80 of the
 ceiling (docs/engines.md). 32 layers of the Vicuna-7B shape (32 heads of 128, bf16) over one cache tensor
 (layers, 2, B, KVH, S, D), as the engine holds it, replayed as one CUDA graph:
-  scatter     the engine's way: the compiled rope_qkv stage, then one scatter_ into the layer's cache view
-  index-copy  the compiled rope_qkv stage, then index_copy_ into the layer's cache flattened to rows, through row
+  scatter     the engine's way up to c62d24a: the compiled rotation, then one scatter_ into the layer's cache view
+  index-copy  the compiled rotation, then index_copy_ into the layer's cache flattened to rows, through row
               numbers computed once per step (their cost is counted once, not per layer)
-  fused       rope and the cache write in one compiled function (the write a mutation inductor emits in its kernel)
+  fused       the engine's way since: static_ops.rope_into_cache compiled, the write an indexed put in its kernel
 Each way's cache and q are compared with the engine's. Prints microseconds per layer and the compiled functions'
 recompilations, writes OUT/cache_write.json.
 
@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from attention_backends import time_graph  # noqa: E402
-from specbench.engine.static_ops import rope_qkv  # noqa: E402
+from specbench.engine.static_ops import rope_into_cache, rotate_heads  # noqa: E402
 from specbench.io.atomic_write import write_text_atomic  # noqa: E402
 
 LAYERS, HEADS, HEAD_DIM, SPAN = 32, 32, 128, 512
@@ -41,10 +41,11 @@ def scatter_write(kv, slots, kv_new):
     kv.scatter_(3, where, kv_new.view(2, kvh, batch, width, d).transpose(1, 2))
 
 
-def fused(qkv, cos, sin, kv, slots):
-    q, kv_new = rope_qkv(qkv, cos, sin, HEADS, HEADS)  # (1, NH, B * W, D), (2, KVH, B * W, D)
-    scatter_write(kv, slots, kv_new)
-    return q
+def rope_qkv(qkv, cos, sin):
+    """The rotation as the engine's stage computed it up to c62d24a: q (1, NH, B * W, D), k and v stacked
+    (2, KVH, B * W, D)."""
+    q, k, v = rotate_heads(qkv, cos, sin, HEADS, HEADS)
+    return q.unsqueeze(0).contiguous(), torch.stack((k, v))
 
 
 def main() -> int:
@@ -59,7 +60,7 @@ def main() -> int:
     torch.manual_seed(0)
     dev, dtype = torch.device("cuda"), torch.bfloat16
     torch._dynamo.config.recompile_limit = 256
-    rope, fused_write = torch.compile(rope_qkv, fullgraph=True), torch.compile(fused, fullgraph=True)
+    rope, fused_write = torch.compile(rope_qkv, fullgraph=True), torch.compile(rope_into_cache, fullgraph=True)
     rows = []
     for batch in [int(b) for b in args.batch_sizes.split(",")]:
         cache = torch.zeros(LAYERS, 2, batch, HEADS, SPAN, HEAD_DIM, device=dev, dtype=dtype)
@@ -70,7 +71,7 @@ def main() -> int:
 
             def by_scatter():
                 for layer in range(LAYERS):
-                    q, kv_new = rope(qkv, cos, sin, HEADS, HEADS)
+                    q, kv_new = rope(qkv, cos, sin)
                     scatter_write(cache[layer], slots, kv_new)
                 return q
 
@@ -78,14 +79,14 @@ def main() -> int:
                 heads = torch.arange(batch * HEADS, device=dev).view(batch, HEADS, 1) * SPAN  # (B, KVH, 1)
                 index = (heads + slots[:, None, :]).flatten()  # (B * KVH * W,) once per step
                 for layer in range(LAYERS):
-                    q, kv_new = rope(qkv, cos, sin, HEADS, HEADS)
+                    q, kv_new = rope(qkv, cos, sin)
                     values = kv_new.view(2, HEADS, batch, width, HEAD_DIM).transpose(1, 2)  # (2, B, KVH, W, D)
                     cache[layer].view(2, -1, HEAD_DIM).index_copy_(1, index, values.reshape(2, -1, HEAD_DIM))
                 return q
 
             def by_fused():
                 for layer in range(LAYERS):
-                    q = fused_write(qkv, cos, sin, cache[layer], slots)
+                    q = fused_write(qkv, cos, sin, HEADS, HEADS, cache[layer], slots)
                 return q
 
             expected = None

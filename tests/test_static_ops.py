@@ -24,7 +24,9 @@ def stage_inputs(width: int, gen: torch.Generator) -> dict:
         "rms_norm": (torch.randn(width, hidden, generator=gen), torch.randn(hidden, generator=gen), 1e-6),
         "add_rms_norm": (torch.randn(width, hidden, generator=gen), torch.randn(width, hidden, generator=gen),
                          torch.randn(hidden, generator=gen), 1e-5),
-        "rope_qkv": (torch.randn(width, (NH + 2 * KVH) * D, generator=gen), cos, sin, NH, KVH),
+        # one slot of W nodes at cache entries 3.. of a cache of 80 (compare_stage gives each call its own copy)
+        "rope_into_cache": (torch.randn(width, (NH + 2 * KVH) * D, generator=gen), cos, sin, NH, KVH,
+                            torch.randn(2, 1, KVH, 80, D, generator=gen), torch.arange(3, 3 + width)[None]),
         "rotate_heads": (torch.randn(width, (NH + 2 * KVH) * D, generator=gen), cos, sin, NH, KVH),
         "swiglu": (torch.randn(width, 48, generator=gen),),
     }
@@ -35,44 +37,69 @@ def fused():
     return compiled_ops()
 
 
+def _with_own_cache(name: str, args: tuple) -> tuple[tuple, torch.Tensor | None]:
+    """``args`` with rope_into_cache's cache cloned (the stage writes it), and that cache (None for other stages)."""
+    if name != "rope_into_cache":
+        return args, None
+    cache = args[5].clone()
+    return (*args[:5], cache, args[6]), cache
+
+
 @pytest.mark.parametrize("width", [1, 4, 64])  # plain, a K=3 chain, a 63-node tree: one recompile after the first
 def test_each_compiled_stage_matches_the_eager_stage(fused, width):
     """Inductor may reorder an fp32 reduction (the norm's mean of squares) but computes the same formula:
-    agreement within 1e-5 relative to values of order 1 is a few ulps per element."""
+    agreement within 1e-5 relative to values of order 1 is a few ulps per element. The cache the rotary stage
+    writes is compared too."""
     gen = torch.Generator().manual_seed(width)
     for name, args in stage_inputs(width, gen).items():
-        want, got = getattr(EAGER_OPS, name)(*args), getattr(fused, name)(*args)
+        (eager_args, eager_cache), (fused_args, fused_cache) = _with_own_cache(name, args), _with_own_cache(name, args)
+        want, got = getattr(EAGER_OPS, name)(*eager_args), getattr(fused, name)(*fused_args)
         want, got = (want, got) if isinstance(want, tuple) else ((want,), (got,))
+        if eager_cache is not None:
+            want, got = (*want, eager_cache), (*got, fused_cache)
         for w, g in zip(want, got):
             assert g.shape == w.shape and g.dtype == w.dtype, name
             torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5, msg=lambda m: f"{name} (width {width}): {m}")
 
 
-def test_rope_qkv_hands_attention_and_the_cache_their_layouts():
+def test_rope_into_cache_hands_attention_its_layout_and_writes_each_slots_row():
+    """Two slots of three nodes at different cache entries: each node's rotated key and its value land in its own
+    slot's row at its entry, and nothing else in the cache changes."""
     gen = torch.Generator().manual_seed(0)
-    qkv, cos, sin, nh, kvh = stage_inputs(3, gen)["rope_qkv"]
-    q, kv_new = EAGER_OPS.rope_qkv(qkv, cos, sin, nh, kvh)
-    assert q.shape == (1, NH, 3, D) and q.is_contiguous()
-    assert kv_new.shape == (2, KVH, 3, D)
+    qkv, cos, sin = stage_inputs(6, gen)["rope_into_cache"][:3]
+    cache = torch.randn(2, 2, KVH, 40, D, generator=gen)  # (2, B, KVH, S, D)
+    before, slots = cache.clone(), torch.tensor([[5, 6, 7], [20, 21, 22]])  # (B, W)
+    q = EAGER_OPS.rope_into_cache(qkv, cos, sin, NH, KVH, cache, slots)
+    assert q.shape == (1, NH, 6, D) and q.is_contiguous()
+    _, k, v = EAGER_OPS.rotate_heads(qkv, cos, sin, NH, KVH)  # (KVH, 6, D) each
+    written = torch.zeros_like(cache, dtype=torch.bool)
+    for b in range(2):
+        for w in range(3):
+            assert torch.equal(cache[0, b, :, slots[b, w]], k[:, 3 * b + w])
+            assert torch.equal(cache[1, b, :, slots[b, w]], v[:, 3 * b + w])
+            written[:, b, :, slots[b, w]] = True
+    assert torch.equal(cache[~written], before[~written])
     # values pass through unrotated: the last KVH heads of the projection
-    assert torch.equal(kv_new[1], qkv.view(3, NH + 2 * KVH, D)[:, NH + KVH:].transpose(0, 1))
+    assert torch.equal(cache[1, 1, :, 20], qkv.view(6, NH + 2 * KVH, D)[3, NH + KVH:])
     # position 0 has cos 1 and sin 0: its queries and keys are the projection's own
-    zero = stage_inputs(1, gen)["rope_qkv"][0]
-    q0, kv0 = EAGER_OPS.rope_qkv(zero, torch.ones(1, D), torch.zeros(1, D), NH, KVH)
+    zero = stage_inputs(1, gen)["rope_into_cache"][0]
+    one = torch.zeros(2, 1, KVH, 4, D)
+    q0 = EAGER_OPS.rope_into_cache(zero, torch.ones(1, D), torch.zeros(1, D), NH, KVH, one, torch.tensor([[2]]))
     assert torch.equal(q0[0, :, 0], zero.view(NH + 2 * KVH, D)[:NH])
-    assert torch.equal(kv0[0, :, 0], zero.view(NH + 2 * KVH, D)[NH:NH + KVH])
+    assert torch.equal(one[0, 0, :, 2], zero.view(NH + 2 * KVH, D)[NH:NH + KVH])
 
 
 def test_rotate_heads_hands_a_group_prefill_views_with_a_contiguous_last_dimension():
     """Group prefill (Attention.prefill_rows) passes q, k and v to attention and the cache as they come: the
-    rotated q and k of rope_qkv, unstacked, and the projection's own values."""
+    rotated q and k of rope_into_cache, unstacked, and the projection's own values."""
     gen = torch.Generator().manual_seed(1)
     qkv, cos, sin, nh, kvh = stage_inputs(5, gen)["rotate_heads"]
     q, k, v = EAGER_OPS.rotate_heads(qkv, cos, sin, nh, kvh)
     assert q.shape == (NH, 5, D) and k.shape == v.shape == (KVH, 5, D)
     assert q.stride(-1) == k.stride(-1) == v.stride(-1) == 1
-    stacked_q, kv_new = EAGER_OPS.rope_qkv(qkv, cos, sin, nh, kvh)
-    assert torch.equal(q, stacked_q[0]) and torch.equal(k, kv_new[0]) and torch.equal(v, kv_new[1])
+    cache = torch.zeros(2, 1, KVH, 8, D)  # one slot of 5 nodes at entries 0..4
+    stacked_q = EAGER_OPS.rope_into_cache(qkv, cos, sin, nh, kvh, cache, torch.arange(5)[None])
+    assert torch.equal(q, stacked_q[0]) and torch.equal(k, cache[0, 0, :, :5]) and torch.equal(v, cache[1, 0, :, :5])
     assert v.data_ptr() == qkv[:, (NH + KVH) * D:].data_ptr()  # a view: values are not copied
 
 

@@ -177,11 +177,7 @@ class Attention(PartialSumOutput, nn.Module):
         batch, width = slots.shape
         nh, kvh, d = self.num_heads, self.num_kv_heads, self.head_dim
         qkv = ops.linear(x, self.qkv.weight, self.qkv.bias)  # (B * W, (NH + 2 KVH) * D)
-        q, kv_new = ops.rope_qkv(qkv, cos, sin, nh, kvh)  # (1, NH, B * W, D), (2, KVH, B * W, D)
-        q = q[0].view(nh, batch, width, d).transpose(0, 1)  # (B, NH, W, D)
-        # each slot's new keys and values into its own row at ``slots``: one scatter, its index a broadcast view
-        where = slots[None, :, None, :, None].expand(2, batch, kvh, width, d)  # (2, B, KVH, W, D)
-        kv.scatter_(3, where, kv_new.view(2, kvh, batch, width, d).transpose(1, 2))  # (2, B, KVH, W, D)
+        q = ops.rope_into_cache(qkv, cos, sin, nh, kvh, kv, slots)[0].view(nh, batch, width, d).transpose(0, 1)  # (B, NH, W, D), K/V written
         keys_len = bias.shape[-1]
         keys, values = kv[0, :, :, :keys_len], kv[1, :, :, :keys_len]  # (B, KVH, K, D) each
         # enable_gqa only when the head counts differ: it rules out the fused memory-efficient kernel, and

@@ -54,11 +54,16 @@ def rotate_heads(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, num_he
     return qk[:num_heads], qk[num_heads:], heads[num_heads + num_kv_heads:]
 
 
-def rope_qkv(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, num_heads: int, num_kv_heads: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`rotate_heads` laid out for a step: q ``(1, NH, W, D)`` contiguous for attention and the new keys and
-    values stacked ``(2, KVH, W, D)``, as one cache write takes them."""
-    q, k, v = rotate_heads(qkv, cos, sin, num_heads, num_kv_heads)  # (NH, W, D), (KVH, W, D) x 2
-    return q.unsqueeze(0).contiguous(), torch.stack((k, v))
+def rope_into_cache(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, num_heads: int, num_kv_heads: int,
+                    kv: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+    """:func:`rotate_heads` for a step of B slots of W nodes: q ``(1, NH, B * W, D)`` contiguous for attention, the new
+    keys and values written into ``kv`` ``(2, B, KVH, S, D)`` at ``slots`` ``(B, W)`` by one indexed put. Compiled,
+    the rotation and the write are one kernel, in place (a ``scatter_`` would compile to a copy of the whole cache)."""
+    q, k, v = rotate_heads(qkv, cos, sin, num_heads, num_kv_heads)  # (NH, B * W, D), (KVH, B * W, D) x 2
+    batch, width = slots.shape
+    new = torch.stack((k, v)).view(2, num_kv_heads, batch, width, -1)  # (2, KVH, B, W, D)
+    kv[:, torch.arange(batch, device=slots.device)[:, None], :, slots] = new.permute(2, 3, 0, 1, 4)  # (B, W, 2, KVH, D)
+    return q.unsqueeze(0).contiguous()
 
 
 def attention_bias(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -82,14 +87,14 @@ class StepOps:
     attention_bias: Callable
     rms_norm: Callable
     add_rms_norm: Callable
-    rope_qkv: Callable
+    rope_into_cache: Callable
     swiglu: Callable
-    rotate_heads: Callable  # a group prefill's rope_qkv, unstacked
+    rotate_heads: Callable  # a group prefill's rotation, unstacked
     linear: Callable  # (x, weight, bias) -> x @ weight.T + bias: every projection and the lm_head
     compiled: bool = False
 
 
-STAGES = (rotary_tables, attention_bias, rms_norm, add_rms_norm, rope_qkv, swiglu, rotate_heads)
+STAGES = (rotary_tables, attention_bias, rms_norm, add_rms_norm, rope_into_cache, swiglu, rotate_heads)
 EAGER_OPS = StepOps(*STAGES, linear=F.linear)
 
 
