@@ -1,7 +1,9 @@
-"""Wall time per named phase of a decode loop for the bench/profile_*.py scripts, and the device sync and timed calls the bench scripts share."""
+"""Wall time per named phase of a decode loop for the bench/profile_*.py scripts, and the device sync, timed calls
+and timed graph replays the bench scripts share."""
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections import defaultdict
 
@@ -23,6 +25,23 @@ def timed_calls(device: torch.device, fn, reps: int) -> list[float]:
         sync(device)
         times.append(time.perf_counter() - start)
     return times
+
+
+def graph_replay_seconds(fn, reps: int) -> float:
+    """Median wall seconds of one replay of ``fn()`` captured as a CUDA graph (two warm-up calls on a side stream
+    first, as capture requires; the first two replays untimed)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    graph.replay()
+    graph.replay()
+    return statistics.median(timed_calls(torch.device("cuda"), graph.replay, reps))
 
 
 class PhaseClock:

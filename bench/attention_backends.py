@@ -16,9 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -28,6 +26,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from _phase_clock import graph_replay_seconds  # noqa: E402
 from specbench.io.atomic_write import write_text_atomic  # noqa: E402
 
 LAYERS, HEADS, HEAD_DIM = 32, 32, 128
@@ -55,26 +54,6 @@ def backends() -> dict:
     return found
 
 
-def time_graph(fn, reps: int) -> float:
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(2):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    times = []
-    for _ in range(reps + 2):
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        graph.replay()
-        torch.cuda.synchronize()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times[2:])
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("out_dir")
@@ -100,7 +79,7 @@ def main() -> int:
                 reference = _math(q.float(), views[0][0].float(), views[0][1].float(), bias.float())
                 for name, attend in backends().items():
                     error = (attend(q, *views[0], bias).float() - reference).abs().max().item()
-                    seconds = time_graph(lambda: [attend(q, k, v, bias) for k, v in views], args.reps)
+                    seconds = graph_replay_seconds(lambda: [attend(q, k, v, bias) for k, v in views], args.reps)
                     row = {"backend": name, "batch": batch, "span": span, "width": width,
                            "us_per_layer": seconds / LAYERS * 1e6, "max_abs_error": error}
                     rows.append(row)

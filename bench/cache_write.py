@@ -25,7 +25,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from attention_backends import time_graph  # noqa: E402
+from _phase_clock import graph_replay_seconds  # noqa: E402
 from specbench.engine.static_ops import rope_into_cache, rotate_heads  # noqa: E402
 from specbench.io.atomic_write import write_text_atomic  # noqa: E402
 
@@ -96,7 +96,7 @@ def main() -> int:
                 same = expected is None or (torch.equal(q, expected[0]) and torch.equal(cache, expected[1]))
                 expected = expected or (q.clone(), cache.clone())
                 before = torch._dynamo.utils.counters["stats"]["unique_graphs"]
-                seconds = time_graph(step, args.reps)
+                seconds = graph_replay_seconds(step, args.reps)
                 row = {"way": name, "batch": batch, "width": width, "us_per_layer": seconds / LAYERS * 1e6,
                        "equal_to_scatter": same,
                        "graphs_compiled_while_timed": torch._dynamo.utils.counters["stats"]["unique_graphs"] - before}

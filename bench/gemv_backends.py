@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -23,6 +22,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench._phase_clock import graph_replay_seconds  # noqa: E402
 from bench.speed_7b import copy_bandwidth  # noqa: E402
 
 HIDDEN, INTERMEDIATE, LAYERS, VOCAB = 4096, 11008, 32, 32000
@@ -38,26 +38,6 @@ def step_fn(linear):
                 out = linear(inputs[name], w)  # (W, out)
         return linear(inputs["o"], head), out  # (W, V)
     return step
-
-
-def time_graph(step, inputs, weights, head, reps: int) -> float:
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(2):
-            step(inputs, weights, head)
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        step(inputs, weights, head)
-    times = []
-    for _ in range(reps + 2):
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        graph.replay()
-        torch.cuda.synchronize()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times[2:])
 
 
 def main() -> int:
@@ -87,7 +67,7 @@ def main() -> int:
         inputs = {name: torch.randn(width, shape[1], device=dev, dtype=dtype) for name, shape in LAYER_SHAPES.items()}
         for name, linear in backends.items():
             start = time.perf_counter()
-            seconds = time_graph(step_fn(linear), inputs, weights, head, args.reps)
+            seconds = graph_replay_seconds(lambda: step_fn(linear)(inputs, weights, head), args.reps)
             row = {"backend": name, "width": width, "step_s": seconds, "fraction_of_ceiling": ideal / seconds,
                    "warmup_and_compile_s": time.perf_counter() - start - seconds * (args.reps + 2)}
             figures["rows"].append(row)
