@@ -54,10 +54,12 @@ def backends() -> dict:
     return found
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def kernel_bench(description: str, parser: argparse.ArgumentParser | None = None) -> tuple[argparse.Namespace, Path]:
+    """(arguments, output directory made) of a per-layer kernel bench: OUT, --widths, --batch-sizes, --reps, and
+    ``parser``'s own; seeds torch and lets dynamo compile a function for every shape."""
+    parser = parser or argparse.ArgumentParser(description=description,
+                                               formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("out_dir")
-    parser.add_argument("--spans", default="96,256")
     parser.add_argument("--widths", default="1,4,64")
     parser.add_argument("--batch-sizes", default="1,8")
     parser.add_argument("--reps", type=int, default=50)
@@ -65,8 +67,15 @@ def main() -> int:
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(0)
-    dev, dtype = torch.device("cuda"), torch.bfloat16
     torch._dynamo.config.recompile_limit = 256
+    return args, out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--spans", default="96,256")
+    args, out = kernel_bench(__doc__, parser)
+    dev, dtype = torch.device("cuda"), torch.bfloat16
     rows = []
     for batch in [int(b) for b in args.batch_sizes.split(",")]:
         for span in [int(k) for k in args.spans.split(",")]:

@@ -15,7 +15,6 @@ recompilations, writes OUT/cache_write.json.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
@@ -26,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _phase_clock import graph_replay_seconds  # noqa: E402
+from attention_backends import kernel_bench  # noqa: E402
 from specbench.engine.static_ops import rope_into_cache, rotate_heads  # noqa: E402
 from specbench.io.atomic_write import write_text_atomic  # noqa: E402
 
@@ -49,17 +49,8 @@ def rope_qkv(qkv, cos, sin):
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("out_dir")
-    parser.add_argument("--widths", default="1,4,64")
-    parser.add_argument("--batch-sizes", default="1,8")
-    parser.add_argument("--reps", type=int, default=50)
-    args = parser.parse_args()
-    out = Path(args.out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    torch.manual_seed(0)
+    args, out = kernel_bench(__doc__)
     dev, dtype = torch.device("cuda"), torch.bfloat16
-    torch._dynamo.config.recompile_limit = 256
     rope, fused_write = torch.compile(rope_qkv, fullgraph=True), torch.compile(rope_into_cache, fullgraph=True)
     rows = []
     for batch in [int(b) for b in args.batch_sizes.split(",")]:
