@@ -24,9 +24,11 @@ def stage_inputs(width: int, gen: torch.Generator) -> dict:
         "rms_norm": (torch.randn(width, hidden, generator=gen), torch.randn(hidden, generator=gen), 1e-6),
         "add_rms_norm": (torch.randn(width, hidden, generator=gen), torch.randn(width, hidden, generator=gen),
                          torch.randn(hidden, generator=gen), 1e-5),
-        # one slot of W nodes at cache entries 3.. of a cache of 80 (compare_stage gives each call its own copy)
+        # W nodes in one slot, or two slots of W / 2 where W is even, at cache entries 3.. of a cache of 80 (each
+        # call gets its own copy of it: _with_own_cache)
         "rope_into_cache": (torch.randn(width, (NH + 2 * KVH) * D, generator=gen), cos, sin, NH, KVH,
-                            torch.randn(2, 1, KVH, 80, D, generator=gen), torch.arange(3, 3 + width)[None]),
+                            torch.randn(2, 2 - width % 2, KVH, 80, D, generator=gen),
+                            torch.arange(3, 3 + width).view(2 - width % 2, -1)),
         "rotate_heads": (torch.randn(width, (NH + 2 * KVH) * D, generator=gen), cos, sin, NH, KVH),
         "swiglu": (torch.randn(width, 48, generator=gen),),
     }
