@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import math
+import re
+
 import pytest
 import torch
 
@@ -89,6 +92,22 @@ def test_rope_into_cache_hands_attention_its_layout_and_writes_each_slots_row():
     q0 = EAGER_OPS.rope_into_cache(zero, torch.ones(1, D), torch.zeros(1, D), NH, KVH, one, torch.tensor([[2]]))
     assert torch.equal(q0[0, :, 0], zero.view(NH + 2 * KVH, D)[:NH])
     assert torch.equal(one[0, 0, :, 2], zero.view(NH + 2 * KVH, D)[NH:NH + KVH])
+
+
+def test_compiled_rope_into_cache_writes_the_cache_in_place_without_a_copy_of_it():
+    """The stage's write must compile to an in-place store: written as a ``scatter_``, inductor's code allocates a
+    buffer of the layer's whole cache and copies it back (per layer and step, the cache's size in traffic). Every
+    buffer inductor's code allocates here must be smaller than the cache; and the cache view keeps its storage."""
+    from torch._inductor.utils import run_and_get_code
+    gen = torch.Generator().manual_seed(2)
+    qkv, cos, sin = stage_inputs(6, gen)["rope_into_cache"][:3]
+    cache = torch.zeros(3, 2, 2, KVH, 64, D)  # (layers, 2, B, KVH, S, D)
+    stage = torch.compile(static_ops.rope_into_cache, fullgraph=True)
+    _, codes = run_and_get_code(stage, qkv, cos, sin, NH, KVH, cache[1], torch.tensor([[5, 6, 7], [9, 10, 11]]))
+    sizes = [math.prod(int(n) for n in shape.split(",") if n.strip())
+             for code in codes for shape in re.findall(r"empty_strided\w*\(\(([\d, ]+)\)", code)]
+    assert sizes and max(sizes) < cache[1].numel(), sizes
+    assert cache[0].count_nonzero() == 0 and cache[2].count_nonzero() == 0 and cache[1].count_nonzero() > 0
 
 
 def test_rotate_heads_hands_a_group_prefill_views_with_a_contiguous_last_dimension():
