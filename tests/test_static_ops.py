@@ -94,16 +94,19 @@ def test_rope_into_cache_hands_attention_its_layout_and_writes_each_slots_row():
     assert torch.equal(one[0, 0, :, 2], zero.view(NH + 2 * KVH, D)[NH:NH + KVH])
 
 
-def test_compiled_rope_into_cache_writes_the_cache_in_place_without_a_copy_of_it():
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.large_gpu(min_gb=1))])
+def test_compiled_rope_into_cache_writes_the_cache_in_place_without_a_copy_of_it(device):
     """The stage's write must compile to an in-place store: written as a ``scatter_``, inductor's code allocates a
     buffer of the layer's whole cache and copies it back (per layer and step, the cache's size in traffic). Every
-    buffer inductor's code allocates here must be smaller than the cache; and the cache view keeps its storage."""
+    buffer inductor's code allocates here (C++ on the CPU, Triton's host code on CUDA) must be smaller than the
+    cache; and only the layer written changes."""
     from torch._inductor.utils import run_and_get_code
     gen = torch.Generator().manual_seed(2)
-    qkv, cos, sin = stage_inputs(6, gen)["rope_into_cache"][:3]
-    cache = torch.zeros(3, 2, 2, KVH, 64, D)  # (layers, 2, B, KVH, S, D)
+    qkv, cos, sin = (t.to(device) for t in stage_inputs(6, gen)["rope_into_cache"][:3])
+    cache = torch.zeros(3, 2, 2, KVH, 64, D, device=device)  # (layers, 2, B, KVH, S, D)
+    slots = torch.tensor([[5, 6, 7], [9, 10, 11]], device=device)  # (B, W)
     stage = torch.compile(static_ops.rope_into_cache, fullgraph=True)
-    _, codes = run_and_get_code(stage, qkv, cos, sin, NH, KVH, cache[1], torch.tensor([[5, 6, 7], [9, 10, 11]]))
+    _, codes = run_and_get_code(stage, qkv, cos, sin, NH, KVH, cache[1], slots)
     sizes = [math.prod(int(n) for n in shape.split(",") if n.strip())
              for code in codes for shape in re.findall(r"empty_strided\w*\(\(([\d, ]+)\)", code)]
     assert sizes and max(sizes) < cache[1].numel(), sizes
