@@ -57,8 +57,8 @@ def rotate_heads(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, num_he
 def rope_into_cache(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, num_heads: int, num_kv_heads: int,
                     kv: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
     """:func:`rotate_heads` for a step of B slots of W nodes: q ``(1, NH, B * W, D)`` contiguous for attention, the new
-    keys and values written into ``kv`` ``(2, B, KVH, S, D)`` at ``slots`` ``(B, W)`` by one indexed put. Compiled,
-    the rotation and the write are one kernel, in place (a ``scatter_`` would compile to a copy of the whole cache)."""
+    keys and values written into ``kv`` ``(2, B, KVH, S, D)`` at ``slots`` ``(B, W)`` by one indexed put: compiled, it
+    writes in place (a ``scatter_`` would compile to a copy of the whole cache: tests/test_static_ops.py)."""
     q, k, v = rotate_heads(qkv, cos, sin, num_heads, num_kv_heads)  # (NH, B * W, D), (KVH, B * W, D) x 2
     batch, width = slots.shape
     new = torch.stack((k, v)).view(2, num_kv_heads, batch, width, -1)  # (2, KVH, B, W, D)
