@@ -14,6 +14,11 @@ after a warm-up pass:
             only)
 With --triton-attention (CUDA only), a second copy of the target whose verify attention is bench/_decode_attention.py's
 Triton kernel instead of SDPA adds loop-triton and verify-triton: the kernel's A/B in the same process.
+With --whole-compile, another copy whose verify forward (embedding to logits: every layer's matmuls, stages, attention
+and cache writes) is one torch.compile region in max-autotune mode adds loop-whole: gpt-fast's technique, the bound on
+what fusing across the engine's stage boundaries gives (at one row inductor turns each matmul into a tuned reduction, so
+a norm's or SwiGLU's output can be computed inside the matmul that reads it, and a residual add inside the one that
+writes it).
 Each mode's tokens are compared with the loop's (the same greedy continuation). The modes run in turn, --rounds
 times (alternating, so a drifting clock moves them alike); each figure is the median over rounds. Prints ms per
 token (decode steps after the first token) and the fraction of the ceiling (weight bytes / copy bandwidth), writes
@@ -188,6 +193,17 @@ class TritonAttention:
             self.on = False
 
 
+def whole_compiled(target):
+    """``target`` with its verify forward compiled as one region (its stages' eager bodies inside; max-autotune's
+    coordinate-descent tuning makes every one-row matmul a tuned reduction); the span dimension goes symbolic at the
+    second span, so a run compiles it about twice, while its graphs are captured, before anything is timed."""
+    from specbench.engine.static_ops import EAGER_OPS
+    target.ops = EAGER_OPS
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
+    target._forward = torch.compile(target._forward, mode="max-autotune-no-cudagraphs", dynamic=None)
+    return target
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("out", type=Path)
@@ -198,6 +214,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3, help="times every mode runs, in turn (median reported)")
     parser.add_argument("--triton-attention", action="store_true",
                         help="add loop-triton and verify-triton: a second target whose verify attention is Triton's")
+    parser.add_argument("--whole-compile", action="store_true",
+                        help="add loop-whole: another target whose whole verify forward is one compiled region")
     args = parser.parse_args(argv)
     target, dtype = load_target(args)
     device = target.device
@@ -213,6 +231,9 @@ def main(argv: list[str] | None = None) -> int:
             patch, other = TritonAttention(), load_target(args)[0]
             modes["loop-triton"] = lambda: patch.run(lambda: loop_mode(other, prompt, args.new_tokens))
             modes["verify-triton"] = lambda: patch.run(lambda: verify_mode(other, prompt, args.new_tokens))
+    if args.whole_compile:
+        whole = whole_compiled(load_target(args)[0])
+        modes["loop-whole"] = lambda: loop_mode(whole, prompt, args.new_tokens)
     weight_bytes = sum(p.numel() * p.element_size() for p in target.module.parameters())
     ceiling_s = weight_bytes / copy_bandwidth(device) if device.type == "cuda" else None
     times: dict[str, list[float]] = {name: [] for name in modes}
