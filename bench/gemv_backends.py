@@ -3,8 +3,10 @@
 For the Vicuna-7B shape at verify width W (1 = plain decoding), replays 32 layers x (qkv, o, gate_up,
 down) + lm_head over distinct bf16 weights (13 GB, nothing stays in L2) as one CUDA graph, through
 cuBLAS (``F.linear``) and through ``torch.compile`` max-autotune (at one row a multiply-and-sum reduction tuned by
-coordinate descent, what the static engine runs; wider, Triton mm templates competing with cuBLAS per shape). Prints ms per step and the fraction of the copy-bandwidth
-ceiling (weight bytes / bandwidth), and writes gemv_backends.json.
+coordinate descent, what the static engine runs; wider, Triton mm templates competing with cuBLAS per shape), and at
+one row through bench/_gemv.py's Triton GEMV (autotuned per shape; its largest difference from cuBLAS's output is
+printed). Prints ms per step and the fraction of the copy-bandwidth ceiling (weight bytes / bandwidth), and writes
+gemv_backends.json.
 
     python bench/gemv_backends.py OUT_DIR [--widths 1,4] [--reps 20]
 """
@@ -61,11 +63,16 @@ def main() -> int:
         "compile-max-autotune": torch.compile(lambda x, w: F.linear(x, w), mode="max-autotune-no-cudagraphs",
                                               dynamic=False),
     }
+    from bench._gemv import gemv
     torch._dynamo.config.recompile_limit = 64
     figures = {"weight_bytes": weight_bytes, "copy_bandwidth_bytes_per_s": bandwidth, "ideal_s": ideal, "rows": []}
     for width in [int(w) for w in args.widths.split(",")]:
         inputs = {name: torch.randn(width, shape[1], device=dev, dtype=dtype) for name, shape in LAYER_SHAPES.items()}
-        for name, linear in backends.items():
+        if width == 1:
+            x, w = inputs["down"], weights[0]["down"]
+            print(f"triton-gemv max |difference| from cuBLAS: {(gemv(x, w) - F.linear(x, w)).abs().max().item():.3g} "
+                  f"(outputs of size {F.linear(x, w).abs().mean().item():.3g})", flush=True)
+        for name, linear in {**backends, **({"triton-gemv": gemv} if width == 1 else {})}.items():
             start = time.perf_counter()
             seconds = graph_replay_seconds(lambda: step_fn(linear)(inputs, weights, head), args.reps)
             row = {"backend": name, "width": width, "step_s": seconds, "fraction_of_ceiling": ideal / seconds,
