@@ -14,11 +14,12 @@ after a warm-up pass:
             only)
 With --triton-attention (CUDA only), a second copy of the target whose verify attention is bench/_decode_attention.py's
 Triton kernel instead of SDPA adds loop-triton and verify-triton: the kernel's A/B in the same process.
-With --whole-compile, another copy whose verify forward (embedding to logits: every layer's matmuls, stages, attention
-and cache writes) is one torch.compile region in max-autotune mode adds loop-whole: gpt-fast's technique, the bound on
-what fusing across the engine's stage boundaries gives (at one row inductor turns each matmul into a tuned reduction, so
-a norm's or SwiGLU's output can be computed inside the matmul that reads it, and a residual add inside the one that
-writes it).
+With --layer-compile, another copy whose every decoder layer is one torch.compile region (max-autotune, the stages'
+eager bodies inside; one compiled graph serves all layers) adds loop-layers: the bound on fusing across the engine's
+stage boundaries, gpt-fast's technique (at one row inductor turns each matmul into a tuned reduction, so SwiGLU's
+product can be computed inside the down projection that reads it). Layers, not the whole forward: compiled whole, the
+cache is one input and each layer's write a view of it, and inductor copies each layer's whole cache per step (seen in
+its CPU code); a layer's cache is its own input, written in place.
 Each mode's tokens are compared with the loop's (the same greedy continuation). The modes run in turn, --rounds
 times (alternating, so a drifting clock moves them alike); each figure is the median over rounds. Prints ms per
 token (decode steps after the first token) and the fraction of the ceiling (weight bytes / copy bandwidth), writes
@@ -193,14 +194,16 @@ class TritonAttention:
             self.on = False
 
 
-def whole_compiled(target):
-    """``target`` with its verify forward compiled as one region (its stages' eager bodies inside; max-autotune's
-    coordinate-descent tuning makes every one-row matmul a tuned reduction); the span dimension goes symbolic at the
-    second span, so a run compiles it about twice, while its graphs are captured, before anything is timed."""
+def layer_compiled(target):
+    """``target`` with each decoder layer's forward compiled as one region, its stages' eager bodies inside
+    (max-autotune's coordinate-descent tuning makes every one-row matmul a tuned reduction); the layers share the
+    compiled code, which the span and prefill widths recompile a few times while graphs are captured, before any
+    timing."""
     from specbench.engine.static_ops import EAGER_OPS
-    target.ops = EAGER_OPS
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
-    target._forward = torch.compile(target._forward, mode="max-autotune-no-cudagraphs", dynamic=None)
+    for layer in target.module.model.layers:
+        compiled = torch.compile(layer.forward, mode="max-autotune-no-cudagraphs", dynamic=None)
+        layer.forward = lambda *args, compiled=compiled: compiled(*args[:-1], EAGER_OPS)  # args[-1]: the target's ops
     return target
 
 
@@ -214,8 +217,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3, help="times every mode runs, in turn (median reported)")
     parser.add_argument("--triton-attention", action="store_true",
                         help="add loop-triton and verify-triton: a second target whose verify attention is Triton's")
-    parser.add_argument("--whole-compile", action="store_true",
-                        help="add loop-whole: another target whose whole verify forward is one compiled region")
+    parser.add_argument("--layer-compile", action="store_true",
+                        help="add loop-layers: another target whose every decoder layer is one compiled region")
     args = parser.parse_args(argv)
     target, dtype = load_target(args)
     device = target.device
@@ -231,9 +234,9 @@ def main(argv: list[str] | None = None) -> int:
             patch, other = TritonAttention(), load_target(args)[0]
             modes["loop-triton"] = lambda: patch.run(lambda: loop_mode(other, prompt, args.new_tokens))
             modes["verify-triton"] = lambda: patch.run(lambda: verify_mode(other, prompt, args.new_tokens))
-    if args.whole_compile:
-        whole = whole_compiled(load_target(args)[0])
-        modes["loop-whole"] = lambda: loop_mode(whole, prompt, args.new_tokens)
+    if args.layer_compile:
+        layers = layer_compiled(load_target(args)[0])
+        modes["loop-layers"] = lambda: loop_mode(layers, prompt, args.new_tokens)
     weight_bytes = sum(p.numel() * p.element_size() for p in target.module.parameters())
     ceiling_s = weight_bytes / copy_bandwidth(device) if device.type == "cuda" else None
     times: dict[str, list[float]] = {name: [] for name in modes}
