@@ -20,6 +20,9 @@ stage boundaries, gpt-fast's technique (at one row inductor turns each matmul in
 product can be computed inside the down projection that reads it). Layers, not the whole forward: compiled whole, the
 cache is one input and each layer's write a view of it, and inductor copies each layer's whole cache per step (seen in
 its CPU code); a layer's cache is its own input, written in place.
+With --fused-gemv (CUDA only), another copy whose one-row steps run bench/_fused_gemv.py's forward adds loop-fused: each
+projection a Triton GEMV, the norms and SwiGLU computed inside the GEMVs that read them (no norm or SwiGLU kernel); with
+--triton-attention too, loop-fused-triton also swaps the attention.
 Each mode's tokens are compared with the loop's (the same greedy continuation). The modes run in turn, --rounds
 times (alternating, so a drifting clock moves them alike); each figure is the median over rounds. Prints ms per
 token (decode steps after the first token) and the fraction of the ceiling (weight bytes / copy bandwidth), writes
@@ -217,6 +220,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3, help="times every mode runs, in turn (median reported)")
     parser.add_argument("--triton-attention", action="store_true",
                         help="add loop-triton and verify-triton: a second target whose verify attention is Triton's")
+    parser.add_argument("--fused-gemv", action="store_true",
+                        help="add loop-fused: another target whose one-row steps run Triton GEMVs with the norms and "
+                             "SwiGLU inside (CUDA only)")
     parser.add_argument("--layer-compile", action="store_true",
                         help="add loop-layers: another target whose every decoder layer is one compiled region")
     args = parser.parse_args(argv)
@@ -234,6 +240,16 @@ def main(argv: list[str] | None = None) -> int:
             patch, other = TritonAttention(), load_target(args)[0]
             modes["loop-triton"] = lambda: patch.run(lambda: loop_mode(other, prompt, args.new_tokens))
             modes["verify-triton"] = lambda: patch.run(lambda: verify_mode(other, prompt, args.new_tokens))
+    if args.fused_gemv and device.type == "cuda":
+        from _decode_attention import attend
+        from _fused_gemv import fused_plain_forward
+        fused = load_target(args)[0]
+        fused.module.forward = fused_plain_forward(fused.module)
+        modes["loop-fused"] = lambda: loop_mode(fused, prompt, args.new_tokens)
+        if args.triton_attention:
+            both = load_target(args)[0]
+            both.module.forward = fused_plain_forward(both.module, attend)
+            modes["loop-fused-triton"] = lambda: loop_mode(both, prompt, args.new_tokens)
     if args.layer_compile:
         layers = layer_compiled(load_target(args)[0])
         modes["loop-layers"] = lambda: loop_mode(layers, prompt, args.new_tokens)

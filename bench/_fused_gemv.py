@@ -1,0 +1,131 @@
+"""One-row matmuls that compute their own input: the RMSNorm of a residual add (``norm_gemv``) or SwiGLU's product
+(``swiglu_gemv``) inside the GEMV that reads it, so a plain decode step launches no norm and no SwiGLU kernel; and the
+static model's forward at one row rewritten around them (``fused_plain_forward``). Bench-only (bench/plain_headroom.py
+--fused-gemv): the figure that says whether the engine should adopt them (docs/engines.md).
+
+Every program of a GEMV reads the whole input row, so each recomputes the norm of a 4,096-wide row (two passes over
+8 KB that L2 serves) or SwiGLU over the gate and up rows, and none needs another kernel's output. Rounding follows the
+engine's stages: the residual add in the model dtype, the norm in fp32 cast back, then times its weight in the model
+dtype (``static_ops.rms_norm``); SiLU in fp32 cast back, then times up (``static_ops.swiglu``). The GEMV layout, blocks
+and autotuning are bench/_gemv.py's.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from bench._gemv import gemv, tuned
+
+
+@tuned(["N", "K", "HAS_DELTA"])
+@triton.jit
+def _norm_gemv(x_ptr, d_ptr, nw_ptr, w_ptr, out_ptr, h_ptr, N, K, stride_wn, eps,
+               HAS_DELTA: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    pid = tl.program_id(0)
+    squares = tl.zeros([BLOCK_K], dtype=tl.float32)
+    for start in range(0, K, BLOCK_K):  # pass 1: h = x + delta (program 0 stores it), its sum of squares
+        cols = start + tl.arange(0, BLOCK_K)  # (BLOCK_K,)
+        col_ok = cols < K
+        h = tl.load(x_ptr + cols, mask=col_ok, other=0.0)
+        if HAS_DELTA:
+            h = h + tl.load(d_ptr + cols, mask=col_ok, other=0.0)  # rounded to the model dtype, as the stage adds
+            if pid == 0:
+                tl.store(h_ptr + cols, h, mask=col_ok)
+        hf = h.to(tl.float32)
+        squares += hf * hf
+    rstd = 1.0 / tl.sqrt(tl.sum(squares, axis=0) / K + eps)
+    rows = pid * BLOCK_N + tl.arange(0, BLOCK_N)  # (BLOCK_N,)
+    row_ok = rows < N
+    acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+    for start in range(0, K, BLOCK_K):  # pass 2: the normed row, times the weight rows
+        cols = start + tl.arange(0, BLOCK_K)
+        col_ok = cols < K
+        h = tl.load(x_ptr + cols, mask=col_ok, other=0.0)
+        if HAS_DELTA:
+            h = h + tl.load(d_ptr + cols, mask=col_ok, other=0.0)
+        normed = (h.to(tl.float32) * rstd).to(h.dtype)  # (BLOCK_K,) fp32 norm cast back
+        a = (tl.load(nw_ptr + cols, mask=col_ok, other=0.0) * normed).to(tl.float32)  # times the norm weight
+        w = tl.load(w_ptr + rows[:, None] * stride_wn + cols[None, :], mask=row_ok[:, None] & col_ok[None, :],
+                    other=0.0, eviction_policy="evict_first").to(tl.float32)  # (BLOCK_N, BLOCK_K)
+        acc += w * a[None, :]
+    tl.store(out_ptr + rows, tl.sum(acc, axis=1).to(out_ptr.dtype.element_ty), mask=row_ok)
+
+
+@tuned(["N", "K"])
+@triton.jit
+def _swiglu_gemv(gu_ptr, w_ptr, out_ptr, N, K, stride_wn, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)  # (BLOCK_N,)
+    row_ok = rows < N
+    acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+    for start in range(0, K, BLOCK_K):
+        cols = start + tl.arange(0, BLOCK_K)  # (BLOCK_K,)
+        col_ok = cols < K
+        gate = tl.load(gu_ptr + cols, mask=col_ok, other=0.0)  # (BLOCK_K,) the first half of gate_up
+        up = tl.load(gu_ptr + K + cols, mask=col_ok, other=0.0)  # the second half
+        g = gate.to(tl.float32)
+        a = ((g * tl.sigmoid(g)).to(gate.dtype) * up).to(tl.float32)  # SiLU cast back, times up
+        w = tl.load(w_ptr + rows[:, None] * stride_wn + cols[None, :], mask=row_ok[:, None] & col_ok[None, :],
+                    other=0.0, eviction_policy="evict_first").to(tl.float32)  # (BLOCK_N, BLOCK_K)
+        acc += w * a[None, :]
+    tl.store(out_ptr + rows, tl.sum(acc, axis=1).to(out_ptr.dtype.element_ty), mask=row_ok)
+
+
+def _grid(n: int):
+    return lambda meta: (triton.cdiv(n, meta["BLOCK_N"]),)
+
+
+def norm_gemv(x: torch.Tensor, delta: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
+              weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(h, rms_norm(h) @ weight.T) for h = ``x`` + ``delta`` (1, K) (``x`` itself when ``delta`` is None): (1, K), (1, N)."""
+    n, k = weight.shape
+    out = torch.empty(1, n, dtype=x.dtype, device=x.device)  # (1, N)
+    h = x if delta is None else torch.empty_like(x)  # (1, K)
+    _norm_gemv[_grid(n)](x, x if delta is None else delta, norm_weight, weight, out, h, n, k, weight.stride(0), eps,
+                         HAS_DELTA=delta is not None)
+    return h, out
+
+
+def swiglu_gemv(gate_up: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """``(silu(gate) * up) @ weight.T`` of the fused gate/up row ``gate_up`` (1, 2 I), ``weight`` (N, I): (1, N)."""
+    n, k = weight.shape
+    out = torch.empty(1, n, dtype=gate_up.dtype, device=gate_up.device)  # (1, N)
+    _swiglu_gemv[_grid(n)](gate_up, weight, out, n, k, weight.stride(0))
+    return out
+
+
+def fused_plain_forward(module, attention=None):
+    """``module.forward`` (a StaticLlamaForCausalLM's) that runs a one-row verify step through ``norm_gemv``,
+    ``swiglu_gemv`` and ``gemv`` (every projection but the lm_head), ``attention`` (default SDPA) over the cache
+    written by the step's compiled rotary stage; prefills, wider steps, biases and aux layers take the original."""
+    import torch.nn.functional as F
+    original = module.forward
+    attend = attention or (lambda q, k, v, bias: F.scaled_dot_product_attention(
+        q, k, v, attn_mask=bias[:, None], enable_gqa=q.shape[1] != k.shape[1]))
+    layers, final = module.model.layers, module.model.norm
+    biased = any(p is not None for layer in layers for p in (layer.self_attn.qkv.bias, layer.self_attn.o_proj.bias,
+                                                              layer.mlp.gate_up.bias, layer.mlp.down_proj.bias))
+
+    def forward(ids, positions, slots, mask, cache, ops=None, aux_layers=()):
+        if mask is None or ids.numel() != 1 or aux_layers or biased:
+            return original(ids, positions, slots, mask, cache, ops, aux_layers=aux_layers)
+        x = module.model.embed_tokens(ids)  # (1, H)
+        cos, sin = ops.rotary_tables(module.inv_freq, positions, x.dtype)  # (1, D) each
+        bias = ops.attention_bias(mask, x.dtype)  # (1, 1, K)
+        delta = None
+        for layer, kv in zip(layers, cache):  # kv: (2, 1, KVH, S, D)
+            attn, mlp = layer.self_attn, layer.mlp
+            norm = layer.input_layernorm
+            x, qkv = norm_gemv(x, delta, norm.weight, norm.eps, attn.qkv.weight)  # (1, H), (1, (NH + 2 KVH) * D)
+            nh, d = attn.num_heads, attn.head_dim
+            q = ops.rope_into_cache(qkv, cos, sin, nh, attn.num_kv_heads, kv, slots)[0].view(nh, 1, 1, d).transpose(0, 1)
+            span = bias.shape[-1]
+            out = attend(q, kv[0, :, :, :span], kv[1, :, :, :span], bias)  # (1, NH, 1, D)
+            post = layer.post_attention_layernorm
+            x, gate_up = norm_gemv(x, gemv(out.reshape(1, nh * d), attn.o_proj.weight), post.weight, post.eps,
+                                   mlp.gate_up.weight)  # (1, H), (1, 2 I)
+            delta = swiglu_gemv(gate_up, mlp.down_proj.weight)  # (1, H)
+        return ops.add_rms_norm(x, delta, final.weight, final.eps)[1], None  # (1, H)
+
+    return forward
