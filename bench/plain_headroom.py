@@ -197,17 +197,47 @@ class TritonAttention:
             self.on = False
 
 
-def layer_compiled(target):
-    """``target`` with each decoder layer's forward compiled as one region, its stages' eager bodies inside
+class ModuleView:
+    """``module`` with its forward replaced by ``forward``, as a variant target's module: the variant shares the
+    weights (one copy of a 7B fits next to its variants on a 78 GB card), its own graphs and cache."""
+
+    def __init__(self, module, forward):
+        self._module, self._forward = module, forward
+
+    def __call__(self, *args, **kwargs):
+        return self._forward(*args, **kwargs)
+
+    def __getattr__(self, name: str):
+        return getattr(self._module, name)
+
+
+def variant(target, forward):
+    """Another target over ``target``'s module (weights shared), whose forward passes are ``forward(module)``'s."""
+    other = target.with_batch_size(1)
+    other.module = ModuleView(target.module, forward(target.module))
+    return other
+
+
+def layer_compiled(module):
+    """``module``'s forward with each decoder layer compiled as one region, its stages' eager bodies inside
     (max-autotune's coordinate-descent tuning makes every one-row matmul a tuned reduction); the layers share the
     compiled code, which the span and prefill widths recompile a few times while graphs are captured, before any
-    timing."""
+    timing. The compiled layers stand in only while this forward runs (a graph replay runs no Python)."""
     from specbench.engine.static_ops import EAGER_OPS
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
-    for layer in target.module.model.layers:
-        compiled = torch.compile(layer.forward, mode="max-autotune-no-cudagraphs", dynamic=None)
-        layer.forward = lambda *args, compiled=compiled: compiled(*args[:-1], EAGER_OPS)  # args[-1]: the target's ops
-    return target
+    layers = module.model.layers
+    compiled = [torch.compile(layer.forward, mode="max-autotune-no-cudagraphs", dynamic=None) for layer in layers]
+
+    def forward(*args, **kwargs):
+        for layer, step in zip(layers, compiled):
+            layer.forward = lambda *inputs, step=step: step(*inputs[:-1], EAGER_OPS)  # inputs[-1]: the target's ops
+        try:
+            return module(*args, **kwargs)
+        finally:
+            for layer in layers:
+                del layer.forward
+
+    return forward
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -237,21 +267,19 @@ def main(argv: list[str] | None = None) -> int:
         for k in (int(x) for x in args.steps.split(",") if x):
             modes[f"steps-{k}"] = lambda k=k: steps_mode(target, prompt, args.new_tokens, k)
         if args.triton_attention:
-            patch, other = TritonAttention(), load_target(args)[0]
+            patch, other = TritonAttention(), target.with_batch_size(1)
             modes["loop-triton"] = lambda: patch.run(lambda: loop_mode(other, prompt, args.new_tokens))
             modes["verify-triton"] = lambda: patch.run(lambda: verify_mode(other, prompt, args.new_tokens))
     if args.fused_gemv and device.type == "cuda":
         from _decode_attention import attend
         from _fused_gemv import fused_plain_forward
-        fused = load_target(args)[0]
-        fused.module.forward = fused_plain_forward(fused.module)
+        fused = variant(target, fused_plain_forward)
         modes["loop-fused"] = lambda: loop_mode(fused, prompt, args.new_tokens)
         if args.triton_attention:
-            both = load_target(args)[0]
-            both.module.forward = fused_plain_forward(both.module, attend)
+            both = variant(target, lambda module: fused_plain_forward(module, attend))
             modes["loop-fused-triton"] = lambda: loop_mode(both, prompt, args.new_tokens)
     if args.layer_compile:
-        layers = layer_compiled(load_target(args)[0])
+        layers = variant(target, layer_compiled)
         modes["loop-layers"] = lambda: loop_mode(layers, prompt, args.new_tokens)
     weight_bytes = sum(p.numel() * p.element_size() for p in target.module.parameters())
     ceiling_s = weight_bytes / copy_bandwidth(device) if device.type == "cuda" else None
