@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from bench._gemv import gemv, tuned
+from bench._gemv import gemv, tuned, weight_tile
 
 
 @tuned(["N", "K", "HAS_DELTA"])
@@ -47,52 +47,26 @@ def _norm_gemv(x_ptr, d_ptr, nw_ptr, w_ptr, out_ptr, h_ptr, N, K, stride_wn, eps
             h = h + tl.load(d_ptr + cols, mask=col_ok, other=0.0)
         normed = (h.to(tl.float32) * rstd).to(h.dtype)  # (BLOCK_K,) fp32 norm cast back
         a = (tl.load(nw_ptr + cols, mask=col_ok, other=0.0) * normed).to(tl.float32)  # times the norm weight
-        w = tl.load(w_ptr + rows[:, None] * stride_wn + cols[None, :], mask=row_ok[:, None] & col_ok[None, :],
-                    other=0.0, eviction_policy="evict_first").to(tl.float32)  # (BLOCK_N, BLOCK_K)
-        acc += w * a[None, :]
+        acc += weight_tile(w_ptr, rows, row_ok, cols, col_ok, stride_wn) * a[None, :]  # (BLOCK_N, BLOCK_K)
     tl.store(out_ptr + rows, tl.sum(acc, axis=1).to(out_ptr.dtype.element_ty), mask=row_ok)
-
-
-@tuned(["N", "K"])
-@triton.jit
-def _swiglu_gemv(gu_ptr, w_ptr, out_ptr, N, K, stride_wn, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)  # (BLOCK_N,)
-    row_ok = rows < N
-    acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
-    for start in range(0, K, BLOCK_K):
-        cols = start + tl.arange(0, BLOCK_K)  # (BLOCK_K,)
-        col_ok = cols < K
-        gate = tl.load(gu_ptr + cols, mask=col_ok, other=0.0)  # (BLOCK_K,) the first half of gate_up
-        up = tl.load(gu_ptr + K + cols, mask=col_ok, other=0.0)  # the second half
-        g = gate.to(tl.float32)
-        a = ((g * tl.sigmoid(g)).to(gate.dtype) * up).to(tl.float32)  # SiLU cast back, times up
-        w = tl.load(w_ptr + rows[:, None] * stride_wn + cols[None, :], mask=row_ok[:, None] & col_ok[None, :],
-                    other=0.0, eviction_policy="evict_first").to(tl.float32)  # (BLOCK_N, BLOCK_K)
-        acc += w * a[None, :]
-    tl.store(out_ptr + rows, tl.sum(acc, axis=1).to(out_ptr.dtype.element_ty), mask=row_ok)
-
-
-def _grid(n: int):
-    return lambda meta: (triton.cdiv(n, meta["BLOCK_N"]),)
 
 
 def norm_gemv(x: torch.Tensor, delta: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
               weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(h, rms_norm(h) @ weight.T) for h = ``x`` + ``delta`` (1, K) (``x`` itself when ``delta`` is None): (1, K), (1, N)."""
+    """(h, rms_norm(h) @ weight.T) for h = ``x`` + ``delta`` (1, K) (``x`` itself when ``delta`` is None):
+    (1, K), (1, N)."""
     n, k = weight.shape
     out = torch.empty(1, n, dtype=x.dtype, device=x.device)  # (1, N)
     h = x if delta is None else torch.empty_like(x)  # (1, K)
-    _norm_gemv[_grid(n)](x, x if delta is None else delta, norm_weight, weight, out, h, n, k, weight.stride(0), eps,
-                         HAS_DELTA=delta is not None)
+    grid = lambda meta: (triton.cdiv(n, meta["BLOCK_N"]),)  # noqa: E731
+    _norm_gemv[grid](x, x if delta is None else delta, norm_weight, weight, out, h, n, k, weight.stride(0), eps,
+                     HAS_DELTA=delta is not None)
     return h, out
 
 
 def swiglu_gemv(gate_up: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """``(silu(gate) * up) @ weight.T`` of the fused gate/up row ``gate_up`` (1, 2 I), ``weight`` (N, I): (1, N)."""
-    n, k = weight.shape
-    out = torch.empty(1, n, dtype=gate_up.dtype, device=gate_up.device)  # (1, N)
-    _swiglu_gemv[_grid(n)](gate_up, weight, out, n, k, weight.stride(0))
-    return out
+    return gemv(gate_up, weight, swiglu=True)
 
 
 def fused_plain_forward(module, attention=None):
@@ -119,7 +93,8 @@ def fused_plain_forward(module, attention=None):
             norm = layer.input_layernorm
             x, qkv = norm_gemv(x, delta, norm.weight, norm.eps, attn.qkv.weight)  # (1, H), (1, (NH + 2 KVH) * D)
             nh, d = attn.num_heads, attn.head_dim
-            q = ops.rope_into_cache(qkv, cos, sin, nh, attn.num_kv_heads, kv, slots)[0].view(nh, 1, 1, d).transpose(0, 1)
+            q = ops.rope_into_cache(qkv, cos, sin, nh, attn.num_kv_heads, kv, slots)[0]  # (NH, 1, D), K/V written
+            q = q.view(nh, 1, 1, d).transpose(0, 1)  # (1, NH, 1, D)
             span = bias.shape[-1]
             out = attend(q, kv[0, :, :, :span], kv[1, :, :, :span], bias)  # (1, NH, 1, D)
             post = layer.post_attention_layernorm
