@@ -1,0 +1,105 @@
+"""Random exactness trials: a seed draws a whole case (architecture, proposer and its settings, prompts of mixed
+lengths, max_new_tokens, an EOS some requests reach, the batch size) and decodes it twice, every request alone on
+the eager reference target and all of them through the static engine's slots; the two must agree token for token,
+counter for counter and in finish reason. The hand-picked cases of test_batched_engine.py and test_batched_eagle.py
+fix one draw each; these cover their combinations."""
+
+from __future__ import annotations
+
+import random
+
+from _prompts import random_prompt, repetitive_prompt
+from test_batched_engine import random_heads, tiny_llama_model
+from test_eagle import random_head
+from test_eagle3 import deep_llama, random_head3
+from test_static_target import CONFIGS, build
+from specbench.engine.decode import Decoder, GenerationConfig
+from specbench.engine.hf_target import HFTarget
+from specbench.engine.proposer import for_batch
+from specbench.engine.static_target import StaticTarget
+from specbench.proposers.draft_model import DraftModelProposer
+from specbench.proposers.eagle import EagleProposer
+from specbench.proposers.eagle3 import Eagle3Proposer
+from specbench.proposers.medusa import MedusaProposer
+from specbench.proposers.ngram import NgramProposer
+
+KINDS = ("plain", "ngram", "medusa-chain", "medusa-tree", "draft", "eagle-chain", "eagle-tree", "eagle-dynamic",
+         "eagle3-chain", "eagle3-dynamic")
+
+
+def random_tree(rng: random.Random, max_nodes: int, depth: int) -> list[list[int]]:
+    """A tree of at most ``max_nodes`` nodes and ``depth`` levels, in Medusa's path notation, breadth first."""
+    tree, frontier = [], [[]]
+    while frontier and len(tree) < max_nodes:
+        parent = frontier.pop(0)
+        for child in range(rng.randint(1, 3)):
+            node = parent + [child]
+            if len(node) <= depth and len(tree) < max_nodes:
+                tree.append(node)
+                frontier.append(node)
+    return tree
+
+
+def draw(seed: int) -> dict:
+    """The case seed ``seed`` draws (plain data: what a failure prints)."""
+    rng = random.Random(seed)
+    kind = rng.choice(KINDS)
+    top_k, depth = rng.randint(1, 4), rng.randint(1, 5)
+    prompts = [("repetitive", rng.randint(0, 999)) if rng.random() < 0.5 else
+               ("random", rng.randint(1, 30), rng.randint(0, 999)) for _ in range(rng.randint(1, 6))]
+    return dict(
+        seed=seed, kind=kind, architecture=rng.choice(sorted(CONFIGS)), k=rng.randint(1, 5),
+        tree=random_tree(rng, rng.randint(1, 12), 4), top_k=top_k, depth=depth,
+        total_tokens=rng.randint(1, min(16, top_k + (depth - 1) * top_k ** 2)), head_seed=rng.randint(1, 50),
+        prompts=prompts, max_new_tokens=rng.randint(1, 24), eos=rng.random() < 0.7, eos_pick=rng.random(),
+        ignore_eos=rng.random() < 0.15, batch_size=rng.randint(1, len(prompts) + 1),
+    )
+
+
+def _proposer_maker(case: dict):
+    """(the target model, a function building the case's proposer for a target)."""
+    kind, k = case["kind"], case["k"]
+    if kind.startswith("eagle3"):
+        head = random_head3(seed=case["head_seed"], draft_vocab=96)
+        model, cls = deep_llama(), Eagle3Proposer
+    elif kind.startswith("eagle"):
+        head = random_head(seed=case["head_seed"], with_embed=False)
+        model, cls = build(case["architecture"], seed=case["seed"]), EagleProposer
+    else:
+        architecture = case["architecture"]
+        model = tiny_llama_model(seed=case["seed"]) if kind == "draft" else build(architecture, seed=case["seed"])
+    if kind.startswith("eagle"):
+        options = ({"num_speculative_tokens": k} if kind.endswith("chain") else {"tree": case["tree"]}
+                   if kind.endswith("tree") else {n: case[n] for n in ("top_k", "depth", "total_tokens")})
+        return model, lambda target: cls.from_options(target, head=head, **options)
+    if kind.startswith("medusa"):
+        heads = random_heads(seed=case["head_seed"])
+        options = {"num_speculative_tokens": min(k, 4)} if kind == "medusa-chain" else {"tree": case["tree"]}
+        return model, lambda target: MedusaProposer.from_options(target, heads=heads, **options)
+    if kind == "draft":
+        draft = StaticTarget.from_hf_model(tiny_llama_model(seed=case["seed"] + 1))
+        return model, lambda target: DraftModelProposer.from_options(
+            target, draft=StaticTarget(draft.module, draft.config), num_speculative_tokens=k)
+    return model, (lambda target: NgramProposer(num_speculative_tokens=k)) if kind == "ngram" else (lambda target: None)
+
+
+def run_trial(seed: int, compile: bool = False) -> str | None:
+    """None when the static engine agrees with the eager reference on seed's case, else what differed."""
+    case = draw(seed)
+    model, make = _proposer_maker(case)
+    prompts = [repetitive_prompt(p[1]) if p[0] == "repetitive" else random_prompt(p[1], p[2]) for p in case["prompts"]]
+    eager, static = HFTarget(model), StaticTarget.from_hf_model(model, compile=compile)
+    plain = GenerationConfig(max_new_tokens=case["max_new_tokens"], ignore_eos=True)
+    emitted = [t for p in prompts for t in Decoder(eager, None, plain).generate(p).output_token_ids[1:]]
+    eos = (emitted[int(case["eos_pick"] * len(emitted))],) if case["eos"] and emitted else ()
+    config = GenerationConfig(max_new_tokens=case["max_new_tokens"], eos_token_ids=eos, ignore_eos=case["ignore_eos"])
+    alone = [Decoder(eager, make(eager), config).generate(p) for p in prompts]
+    batch_size = case["batch_size"]
+    proposer = for_batch(make(static), batch_size, factory=(lambda: make(static)) if case["kind"] == "ngram" else None)
+    batched = Decoder(static.with_batch_size(batch_size), proposer, config).generate_all(prompts)
+    for index, (got, want) in enumerate(zip(batched, alone)):
+        if (got.output_token_ids, got.counters, got.finish_reason) != (want.output_token_ids, want.counters,
+                                                                       want.finish_reason):
+            return (f"{case} eos {eos}: request {index} got {got.output_token_ids} {got.counters} {got.finish_reason}, "
+                    f"alone {want.output_token_ids} {want.counters} {want.finish_reason}")
+    return None

@@ -1,0 +1,38 @@
+"""The static engine against the eager reference on random cases (tests/_random_trials.py): 40 fixed seeds on every
+run; a soak over as many seeds as fit ``SPECBENCH_SOAK_SECONDS`` (from ``SPECBENCH_SOAK_SEED``, default 1000), with
+``SPECBENCH_SOAK_COMPILE=1`` through the compiled stages, when asked."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+from _random_trials import KINDS, draw, run_trial
+
+
+def test_the_fixed_seeds_draw_every_proposer_and_batch_shape():
+    cases = [draw(seed) for seed in range(40)]
+    assert {c["kind"] for c in cases} == set(KINDS)
+    assert any(c["batch_size"] > len(c["prompts"]) for c in cases)  # idle slots from the start
+    assert any(1 < c["batch_size"] < len(c["prompts"]) for c in cases)  # slots refilled mid-run
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_a_random_case_decodes_as_the_eager_reference(seed):
+    assert run_trial(seed) is None
+
+
+@pytest.mark.skipif(not os.environ.get("SPECBENCH_SOAK_SECONDS"), reason="a soak: set SPECBENCH_SOAK_SECONDS (and "
+                    "optionally SPECBENCH_SOAK_SEED, SPECBENCH_SOAK_COMPILE=1) to run random cases for that long")
+def test_soak():
+    seed = int(os.environ.get("SPECBENCH_SOAK_SEED", "1000"))
+    end = time.monotonic() + float(os.environ["SPECBENCH_SOAK_SECONDS"])
+    compile, failures, trials = os.environ.get("SPECBENCH_SOAK_COMPILE") == "1", [], 0
+    while time.monotonic() < end:
+        failure = run_trial(seed + trials, compile=compile)
+        failures += [failure] if failure else []
+        trials += 1
+    print(f"{trials} random cases from seed {seed}: {len(failures)} differed")
+    assert not failures, "\n".join(failures)
