@@ -287,11 +287,14 @@ def main(argv: list[str] | None = None) -> int:
     rows, reference, match = [], None, {}
     with torch.inference_mode():
         for name, run in modes.items():
+            started = time.perf_counter()
             run()  # warm-up: compiles, captures, and settles the clocks
+            print(f"warm-up {name}: {time.perf_counter() - started:.1f} s", flush=True)  # a run cut short still says
         for _ in range(args.rounds):
             for name, run in modes.items():
                 tokens, seconds = run()
                 times[name].append(seconds)
+                print(f"round {len(times[name])} {name}: {seconds * 1e3:.3f} ms/token", flush=True)
                 reference = reference or tokens
                 same = min(len(tokens), len(reference))
                 match[name] = (match.get(name, (True,))[0] and tokens[:same] == reference[:same], same)
