@@ -1,7 +1,7 @@
 """One-row matmuls that compute their own input: the RMSNorm of a residual add (``norm_gemv``) or SwiGLU's product
-(``swiglu_gemv``) inside the GEMV that reads it, so a plain decode step launches no norm and no SwiGLU kernel; and the
-static model's forward at one row rewritten around them (``fused_plain_forward``). Bench-only (bench/plain_headroom.py
---fused-gemv): the figure that says whether the engine should adopt them (docs/engines.md).
+(``swiglu_gemv``) inside the GEMV that reads it, so a plain decode step launches no norm and no SwiGLU kernel (with
+bench/_fused_forward.py's forward). Bench-only (bench/plain_headroom.py --fused-gemv): the figure that says whether
+the engine should adopt them (docs/engines.md).
 
 Every program of a GEMV reads the whole input row, so each recomputes the norm of a 4,096-wide row (two passes over
 8 KB that L2 serves) or SwiGLU over the gate and up rows, and none needs another kernel's output. Rounding follows the
@@ -69,38 +69,4 @@ def swiglu_gemv(gate_up: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return gemv(gate_up, weight, swiglu=True)
 
 
-def fused_plain_forward(module, attention=None):
-    """``module.forward`` (a StaticLlamaForCausalLM's) that runs a one-row verify step through ``norm_gemv``,
-    ``swiglu_gemv`` and ``gemv`` (every projection but the lm_head), ``attention`` (default SDPA) over the cache
-    written by the step's compiled rotary stage; prefills, wider steps, biases and aux layers take the original."""
-    import torch.nn.functional as F
-    original = module.forward
-    attend = attention or (lambda q, k, v, bias: F.scaled_dot_product_attention(
-        q, k, v, attn_mask=bias[:, None], enable_gqa=q.shape[1] != k.shape[1]))
-    layers, final = module.model.layers, module.model.norm
-    biased = any(p is not None for layer in layers for p in (layer.self_attn.qkv.bias, layer.self_attn.o_proj.bias,
-                                                              layer.mlp.gate_up.bias, layer.mlp.down_proj.bias))
-
-    def forward(ids, positions, slots, mask, cache, ops=None, aux_layers=()):
-        if mask is None or ids.numel() != 1 or aux_layers or biased:
-            return original(ids, positions, slots, mask, cache, ops, aux_layers=aux_layers)
-        x = module.model.embed_tokens(ids)  # (1, H)
-        cos, sin = ops.rotary_tables(module.inv_freq, positions, x.dtype)  # (1, D) each
-        bias = ops.attention_bias(mask, x.dtype)  # (1, 1, K)
-        delta = None
-        for layer, kv in zip(layers, cache):  # kv: (2, 1, KVH, S, D)
-            attn, mlp = layer.self_attn, layer.mlp
-            norm = layer.input_layernorm
-            x, qkv = norm_gemv(x, delta, norm.weight, norm.eps, attn.qkv.weight)  # (1, H), (1, (NH + 2 KVH) * D)
-            nh, d = attn.num_heads, attn.head_dim
-            q = ops.rope_into_cache(qkv, cos, sin, nh, attn.num_kv_heads, kv, slots)[0]  # (NH, 1, D), K/V written
-            q = q.view(nh, 1, 1, d).transpose(0, 1)  # (1, NH, 1, D)
-            span = bias.shape[-1]
-            out = attend(q, kv[0, :, :, :span], kv[1, :, :, :span], bias)  # (1, NH, 1, D)
-            post = layer.post_attention_layernorm
-            x, gate_up = norm_gemv(x, gemv(out.reshape(1, nh * d), attn.o_proj.weight), post.weight, post.eps,
-                                   mlp.gate_up.weight)  # (1, H), (1, 2 I)
-            delta = swiglu_gemv(gate_up, mlp.down_proj.weight)  # (1, H)
-        return ops.add_rms_norm(x, delta, final.weight, final.eps)[1], None  # (1, H)
-
-    return forward
+TRITON = (norm_gemv, swiglu_gemv, gemv)  # the kernels bench/_fused_forward.py's forward takes

@@ -20,9 +20,11 @@ stage boundaries, gpt-fast's technique (at one row inductor turns each matmul in
 product can be computed inside the down projection that reads it). Layers, not the whole forward: compiled whole, the
 cache is one input and each layer's write a view of it, and inductor copies each layer's whole cache per step (seen in
 its CPU code); a layer's cache is its own input, written in place.
-With --fused-gemv (CUDA only), another copy whose one-row steps run bench/_fused_gemv.py's forward adds loop-fused: each
-projection a Triton GEMV, the norms and SwiGLU computed inside the GEMVs that read them (no norm or SwiGLU kernel); with
---triton-attention too, loop-fused-triton also swaps the attention.
+With --fused-gemv (CUDA only), another copy whose one-row steps run bench/_fused_forward.py's forward over
+bench/_fused_gemv.py's Triton kernels adds loop-fused: each projection a Triton GEMV, the norms and SwiGLU computed
+inside the GEMVs that read them (no norm or SwiGLU kernel); with --triton-attention too, loop-fused-triton also swaps
+the attention. --fused-inductor adds loop-fused-inductor: the same forward, each stage and its matmul compiled as one
+max-autotuned function instead (inductor's own fusion across exactly those boundaries).
 Each mode's tokens are compared with the loop's (the same greedy continuation). The modes run in turn, --rounds
 times (alternating, so a drifting clock moves them alike); each figure is the median over rounds. Prints ms per
 token (decode steps after the first token) and the fraction of the ceiling (weight bytes / copy bandwidth), writes
@@ -49,6 +51,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _bench_target import add_target_arguments, load_target  # noqa: E402
+from _fused_forward import fused_plain_forward, inductor_kernels  # noqa: E402
 from _phase_clock import sync  # noqa: E402
 from speed_7b import copy_bandwidth  # noqa: E402
 
@@ -253,6 +256,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fused-gemv", action="store_true",
                         help="add loop-fused: another target whose one-row steps run Triton GEMVs with the norms and "
                              "SwiGLU inside (CUDA only)")
+    parser.add_argument("--fused-inductor", action="store_true",
+                        help="add loop-fused-inductor: the fused forward with each stage and its matmul compiled as one")
     parser.add_argument("--layer-compile", action="store_true",
                         help="add loop-layers: another target whose every decoder layer is one compiled region")
     args = parser.parse_args(argv)
@@ -272,12 +277,16 @@ def main(argv: list[str] | None = None) -> int:
             modes["verify-triton"] = lambda: patch.run(lambda: verify_mode(other, prompt, args.new_tokens))
     if args.fused_gemv and device.type == "cuda":
         from _decode_attention import attend
-        from _fused_gemv import fused_plain_forward
-        fused = variant(target, fused_plain_forward)
+        from _fused_gemv import TRITON
+        fused = variant(target, lambda module: fused_plain_forward(module, TRITON))
         modes["loop-fused"] = lambda: loop_mode(fused, prompt, args.new_tokens)
         if args.triton_attention:
-            both = variant(target, lambda module: fused_plain_forward(module, attend))
+            both = variant(target, lambda module: fused_plain_forward(module, TRITON, attend))
             modes["loop-fused-triton"] = lambda: loop_mode(both, prompt, args.new_tokens)
+    if args.fused_inductor:
+        kernels = inductor_kernels()
+        inductor = variant(target, lambda module: fused_plain_forward(module, kernels))
+        modes["loop-fused-inductor"] = lambda: loop_mode(inductor, prompt, args.new_tokens)
     if args.layer_compile:
         layers = variant(target, layer_compiled)
         modes["loop-layers"] = lambda: loop_mode(layers, prompt, args.new_tokens)

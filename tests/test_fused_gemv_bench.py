@@ -1,5 +1,6 @@
 """bench/_fused_gemv.py: the GEMVs that compute their own input (a residual add's RMSNorm, SwiGLU's product) equal the
-engine's stages followed by a matmul, and the one-row forward built on them decodes the engine's greedy tokens. Its
+engine's stages followed by a matmul, and bench/_fused_forward.py's one-row forward over them decodes the engine's
+greedy tokens. Its
 Triton kernels run on CUDA, or on a CPU interpreted (``TRITON_INTERPRET=1`` with triton installed; fp32)."""
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ def test_fused_gemvs_equal_the_stages_then_a_matmul(device):
 @pytest.mark.parametrize("device", DEVICES)
 def test_the_fused_one_row_forward_decodes_the_engines_tokens(device, monkeypatch):
     import bench._fused_gemv as fused_gemv
+    from bench._fused_forward import fused_plain_forward
     prompt = torch.arange(3, 12)
     config = GenerationConfig(max_new_tokens=12, ignore_eos=True)
 
@@ -52,6 +54,7 @@ def test_the_fused_one_row_forward_decodes_the_engines_tokens(device, monkeypatc
     swiglu_gemv = fused_gemv.swiglu_gemv
     monkeypatch.setattr(fused_gemv, "swiglu_gemv", lambda *args: calls.append(1) or swiglu_gemv(*args))
     fused = target()
-    fused.module.forward = fused_gemv.fused_plain_forward(fused.module)
+    fused.module.forward = fused_plain_forward(fused.module, (fused_gemv.norm_gemv, fused_gemv.swiglu_gemv,
+                                                              fused_gemv.gemv))
     assert Decoder(fused, None, config).generate(prompt).output_token_ids == expected
     assert len(calls) == 11 * 2  # every decode step after the first token, in both layers: the fused path ran

@@ -1,6 +1,7 @@
 """bench/plain_headroom.py on the CPU: every way of stepping plain decoding (the engine's loop, queued or read every
-step, verify with a host read, steps fed on the device, every layer compiled as one region) gives the loop's
-greedy tokens; the figures' structure (no timing asserted)."""
+step, verify with a host read, steps fed on the device, every layer compiled as one region, the forward rewritten
+around stages compiled with their matmuls) gives the loop's greedy tokens; the figures' structure (no timing
+asserted)."""
 
 from __future__ import annotations
 
@@ -12,10 +13,10 @@ from _bench_scripts import load_bench_script
 def test_device_fed_steps_give_the_loops_tokens(tmp_path):
     bench = load_bench_script("plain_headroom")
     assert bench.main([str(tmp_path), "--tiny", "--device", "cpu", "--new-tokens", "12", "--prompt-tokens", "9",
-                       "--rounds", "2", "--layer-compile"]) == 0
+                       "--rounds", "2", "--layer-compile", "--fused-inductor"]) == 0
     figures = json.loads((tmp_path / "plain_headroom.json").read_text(encoding="utf-8"))
     rows = {row["mode"]: row for row in figures["modes"]}
-    assert list(rows) == ["loop", "loop-sync", "verify", "chained", "loop-layers"]  # steps-K needs CUDA graphs
+    assert list(rows) == ["loop", "loop-sync", "verify", "chained", "loop-fused-inductor", "loop-layers"]  # steps-K needs CUDA graphs
     for row in rows.values():
         assert row["tokens_match_loop"] is True and row["tokens"] == 12, row
         assert len(row["ms_per_token_rounds"]) == 2
