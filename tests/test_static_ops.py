@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
 
@@ -142,3 +143,21 @@ def test_compiled_static_target_decodes_as_the_eager_stages():
         got = decode(compiled, use and MedusaProposer.from_options(compiled, heads=heads, **use), prompt, reserve=True)
         assert got.output_token_ids == want.output_token_ids, use
         assert got.counters == want.counters, use
+
+
+def test_compiled_stages_take_more_step_shapes_than_dynamos_default_limit_in_one_process():
+    """A suite runs several models and batch sizes in one process, and a step of one slot, of one node or of one
+    key/value head specialises the compiled stages again (dynamo treats sizes of 1 apart); with fullgraph=True its
+    default limit of 8 specialisations per function is a hard error at the 9th (a random soak of the engine hit it),
+    so compiled_ops raises it. The compiled rotary stage over 2 key/value head counts x 2 batch sizes x 2 widths x 2
+    head sizes, each against the eager stage (without the raised limit: fails, checked)."""
+    ops, gen = static_ops.compiled_ops(), torch.Generator().manual_seed(3)
+    for kvh, batch, width, d in itertools.product((2, 1), (1, 2), (1, 3), (16, 32)):
+        inv_freq = 1.0 / (10000.0 ** (torch.arange(0, d, 2).float() / d))  # (D/2,)
+        qkv = torch.randn(batch * width, (NH + 2 * kvh) * d, generator=gen)  # (B * W, (NH + 2 KVH) * D)
+        cos, sin = static_ops.rotary_tables(inv_freq, torch.arange(5, 5 + batch * width), torch.float32)  # (B * W, D)
+        slots = torch.arange(5, 5 + width).repeat(batch, 1)  # (B, W)
+        cache, eager_cache = torch.zeros(2, batch, kvh, 16, d), torch.zeros(2, batch, kvh, 16, d)
+        q = ops.rope_into_cache(qkv, cos, sin, NH, kvh, cache, slots)
+        assert torch.allclose(q, EAGER_OPS.rope_into_cache(qkv, cos, sin, NH, kvh, eager_cache, slots))
+        assert torch.allclose(cache, eager_cache)

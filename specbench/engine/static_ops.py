@@ -109,7 +109,9 @@ def compiled_ops(*, autotune_gemv: bool = False) -> StepOps:
     (on an H200 they read a 7B step's weights at 0.88 of the copy bandwidth against cuBLAS's 0.82:
     docs/engines.md). Wider verify steps keep cuBLAS,
     which autotuning did not beat there; tuning costs ~25 s of capture time per model shape."""
-
+    # each (model shape, B = 1 or more, W = 1 or more) specialises a stage again, and several models in one process
+    # (a suite, a test session) pass dynamo's per-function limit of 8, which fullgraph=True makes an error: raise it
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
     return StepOps(*(torch.compile(f, fullgraph=True, dynamic=None) for f in STAGES),
                    linear=_autotuned_gemv() if autotune_gemv else F.linear, compiled=True)
 
@@ -133,9 +135,7 @@ def compiled_prefill_ops() -> StepOps:
 
 
 def _autotuned_gemv() -> Callable:
-    # one specialisation per weight shape (5 for a Llama; more when one process runs several models): raise
-    # dynamo's per-function limit (8), past which it would silently fall back to the untuned matmul
-    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
+    # one specialisation per weight shape: 5 for a Llama, more with several models (compiled_ops raised the limit)
     tuned = torch.compile(_linear, mode="max-autotune-no-cudagraphs", fullgraph=True, dynamic=False)
 
     def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
