@@ -298,7 +298,9 @@ def main(argv: list[str] | None = None) -> int:
         for name, run in modes.items():
             started = time.perf_counter()
             run()  # warm-up: compiles, captures, and settles the clocks
-            print(f"warm-up {name}: {time.perf_counter() - started:.1f} s", flush=True)  # a run cut short still says
+            warm_up = time.perf_counter() - started
+            # a first look, printed, not counted: a run cut short still says what every mode it reached measured
+            print(f"warm-up {name}: {warm_up:.1f} s; first look {run()[1] * 1e3:.3f} ms/token", flush=True)
         for _ in range(args.rounds):
             for name, run in modes.items():
                 tokens, seconds = run()
