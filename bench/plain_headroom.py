@@ -256,6 +256,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fused-gemv", action="store_true",
                         help="add loop-fused: another target whose one-row steps run Triton GEMVs with the norms and "
                              "SwiGLU inside (CUDA only)")
+    parser.add_argument("--modes", help="run only these modes, comma-separated, in this order (default: every mode the "
+                        "options give); the first is the reference whose tokens the others must match")
     parser.add_argument("--fused-inductor", action="store_true",
                         help="add loop-fused-inductor: the fused forward with each stage and its matmul compiled as one")
     parser.add_argument("--layer-compile", action="store_true",
@@ -290,6 +292,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.layer_compile:
         layers = variant(target, layer_compiled)
         modes["loop-layers"] = lambda: loop_mode(layers, prompt, args.new_tokens)
+    if args.modes:  # the reference (tokens every mode is compared with) is the first listed
+        unknown = [m for m in args.modes.split(",") if m not in modes]
+        if unknown:
+            parser.error(f"--modes: unknown {unknown}; these options give {sorted(modes)}")
+        modes = {m: modes[m] for m in args.modes.split(",")}
     weight_bytes = sum(p.numel() * p.element_size() for p in target.module.parameters())
     ceiling_s = weight_bytes / copy_bandwidth(device) if device.type == "cuda" else None
     times: dict[str, list[float]] = {name: [] for name in modes}

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from _bench_scripts import load_bench_script
 
 
@@ -21,3 +23,15 @@ def test_device_fed_steps_give_the_loops_tokens(tmp_path):
         assert row["tokens_match_loop"] is True and row["tokens"] == 12, row
         assert len(row["ms_per_token_rounds"]) == 2
         assert row["ms_per_token"] > 0 and row["fraction_of_ceiling"] is None  # no ceiling without a GPU's bandwidth
+
+
+def test_modes_picks_and_orders_the_modes_and_refuses_an_unknown_one(tmp_path, capsys):
+    bench = load_bench_script("plain_headroom")
+    common = [str(tmp_path), "--tiny", "--device", "cpu", "--new-tokens", "4", "--prompt-tokens", "5", "--rounds", "1"]
+    assert bench.main(common + ["--modes", "chained,loop"]) == 0
+    figures = json.loads((tmp_path / "plain_headroom.json").read_text(encoding="utf-8"))
+    assert [row["mode"] for row in figures["modes"]] == ["chained", "loop"]
+    assert all(row["tokens_match_loop"] for row in figures["modes"])
+    with pytest.raises(SystemExit) as refused:
+        bench.main(common + ["--modes", "loop,loop-fused"])  # loop-fused needs --fused-gemv and CUDA
+    assert refused.value.code == 2 and "unknown ['loop-fused']" in capsys.readouterr().err
