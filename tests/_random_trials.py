@@ -1,5 +1,6 @@
 """Random exactness trials: a seed draws a whole case (architecture, proposer and its settings, prompts of mixed
-lengths, max_new_tokens, an EOS some requests reach, the batch size) and decodes it twice, every request alone on
+lengths, max_new_tokens, an EOS some requests reach, the batch size; greedy, or sampled with each request's own seed)
+and decodes it twice, every request alone on
 the eager reference target and all of them through the static engine's slots; the two must agree token for token,
 counter for counter and in finish reason. The hand-picked cases of test_batched_engine.py and test_batched_eagle.py
 fix one draw each; these cover their combinations."""
@@ -18,6 +19,7 @@ from test_static_target import CONFIGS, build
 from specbench.engine.decode import Decoder, GenerationConfig
 from specbench.engine.hf_target import HFTarget
 from specbench.engine.proposer import for_batch
+from specbench.engine.sampling import SamplingParams
 from specbench.engine.static_target import StaticTarget
 from specbench.proposers.draft_model import DraftModelProposer
 from specbench.proposers.eagle import EagleProposer
@@ -52,13 +54,17 @@ def draw(seed: int) -> dict:
     top_k, depth = rng.randint(1, 4), rng.randint(1, 5)
     prompts = [("repetitive", rng.randint(0, 999)) if rng.random() < 0.5 else
                ("random", rng.randint(1, 30), rng.randint(0, 999)) for _ in range(rng.randint(1, 6))]
-    return dict(
+    case = dict(
         seed=seed, kind=kind, architecture=rng.choice(sorted(CONFIGS)), k=rng.randint(1, 5),
         tree=random_tree(rng, rng.randint(1, 12), 4), top_k=top_k, depth=depth,
         total_tokens=rng.randint(1, min(16, top_k + (depth - 1) * top_k ** 2)), head_seed=rng.randint(1, 50),
         prompts=prompts, max_new_tokens=rng.randint(1, 24), eos=rng.random() < 0.7, eos_pick=rng.random(),
         ignore_eos=rng.random() < 0.15, batch_size=rng.randint(1, len(prompts) + 1),
     )
+    # drawn last, so adding it left every greedy case of an earlier seed as it was
+    case["sampling"] = None if rng.random() < 0.7 else dict(
+        temperature=rng.choice((0.7, 1.0)), top_p=rng.choice((1.0, 0.9)), acceptance=rng.choice(("auto", "typical")))
+    return case
 
 
 def _proposer_maker(case: dict):
@@ -107,16 +113,19 @@ def run_trial(seed: int, compile: bool = False) -> str | None:
     plain = GenerationConfig(max_new_tokens=case["max_new_tokens"], ignore_eos=True)
     emitted = [t for p in prompts for t in Decoder(eager, None, plain).generate(p).output_token_ids[1:]]
     eos = (emitted[int(case["eos_pick"] * len(emitted))],) if case["eos"] and emitted else ()
-    config = GenerationConfig(max_new_tokens=case["max_new_tokens"], eos_token_ids=eos, ignore_eos=case["ignore_eos"])
-    alone = [Decoder(eager, make(eager), config).generate(p) for p in prompts]
+    sampling = SamplingParams(**case["sampling"]) if case["sampling"] else SamplingParams()
+    config = GenerationConfig(max_new_tokens=case["max_new_tokens"], eos_token_ids=eos, ignore_eos=case["ignore_eos"],
+                              sampling=sampling)
+    seeds = [seed * 8 + i for i in range(len(prompts))]  # sampled: request i draws from its own seed, alone or not
+    alone = [Decoder(eager, make(eager), config).generate(p, seed=s) for p, s in zip(prompts, seeds)]
     batch_size = case["batch_size"]
     proposer = for_batch(make(static), batch_size, factory=(lambda: make(static)) if case["kind"] == "ngram" else None)
-    batched = Decoder(static.with_batch_size(batch_size), proposer, config).generate_all(prompts)
+    batched = Decoder(static.with_batch_size(batch_size), proposer, config).generate_all(prompts, seeds)
     for index, (got, want) in enumerate(zip(batched, alone)):
         if (got.output_token_ids, got.counters, got.finish_reason) != (want.output_token_ids, want.counters,
                                                                        want.finish_reason):
-            if got.output_token_ids != want.output_token_ids and _tie(model, prompts[index], want.output_token_ids,
-                                                                        got.output_token_ids):
+            if sampling.is_greedy and got.output_token_ids != want.output_token_ids and _tie(
+                    model, prompts[index], want.output_token_ids, got.output_token_ids):
                 return "tie"
             return (f"{case} eos {eos}: request {index} got {got.output_token_ids} {got.counters} {got.finish_reason}, "
                     f"alone {want.output_token_ids} {want.counters} {want.finish_reason}")

@@ -12,11 +12,13 @@ import pytest
 from _random_trials import KINDS, TIE, draw, run_trial
 
 
-def test_the_fixed_seeds_draw_every_proposer_and_batch_shape():
+def test_the_fixed_seeds_draw_every_proposer_batch_shape_and_acceptance_rule():
     cases = [draw(seed) for seed in range(40)]
     assert {c["kind"] for c in cases} == set(KINDS)
     assert any(c["batch_size"] > len(c["prompts"]) for c in cases)  # idle slots from the start
     assert any(1 < c["batch_size"] < len(c["prompts"]) for c in cases)  # slots refilled mid-run
+    sampled = [c["sampling"] for c in cases if c["sampling"]]
+    assert {s["acceptance"] for s in sampled} == {"auto", "typical"}  # lossless rejection sampling and Medusa's rule
 
 
 @pytest.mark.parametrize("seed", range(40))
