@@ -47,7 +47,9 @@ def test_the_fused_one_row_forward_decodes_the_engines_tokens(device, monkeypatc
     config = GenerationConfig(max_new_tokens=12, ignore_eos=True)
 
     def target():  # fp32, GQA (4 heads, 2 key/value heads), 2 layers
-        return StaticTarget.from_hf_model(tiny_llama(seed=0, max_context=512).to(device), compile=False)
+        # eager stages and no graphs: every step runs the Python forward, so the fused calls can be counted
+        return StaticTarget.from_hf_model(tiny_llama(seed=0, max_context=512).to(device), compile=False,
+                                          cuda_graphs=False)
 
     expected = Decoder(target(), None, config).generate(prompt).output_token_ids
     calls = []
