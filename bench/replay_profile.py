@@ -1,0 +1,156 @@
+"""Where a plain decode step's time goes inside its CUDA graph: kernel by kernel, and the idle gaps between them.
+
+bench/profile_step.py times kernels in an eager pass (no graph), which shows what each kernel costs but not what
+the graph's ~400 small kernels cost in gaps when they are replayed back to back. This replays the static engine's
+own plain step graph (7B shape, B = 1, fed on the device as bench/plain_headroom.py's chained mode does) under
+torch.profiler, a pause between replays so they part clearly in the trace, and reports per replay, as medians: the
+kernels, the span from the first kernel's start to the last one's end, the time some kernel runs (busy), the idle
+gaps, busy time by kind (bench/profile_batched_kernels.py's kinds) and the kernels that take the most. With the
+copy-bandwidth ceiling, the span's and the matmuls' fractions of it. The raw trace is kept (gzipped), so the
+analysis can be rerun anywhere with --analyze.
+
+    python bench/replay_profile.py OUT --synth-dir SYNTH_DIR [--replays 20]
+    python bench/replay_profile.py OUT --analyze OUT/replay_trace.json.gz      # again, from a saved trace
+    python bench/replay_profile.py OUT --tiny --device cpu --replays 3          # CPU smoke test (CPU ops, no graph)
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import statistics
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _bench_target import add_target_arguments, load_target  # noqa: E402
+from _phase_clock import sync  # noqa: E402
+from plain_headroom import _device_start  # noqa: E402
+from profile_batched_kernels import kind_of  # noqa: E402
+
+from specbench.io.atomic_write import write_text_atomic  # noqa: E402
+
+PAUSE_S = 0.002  # the host's pause between replays: a gap no graph has inside it
+SPLIT_US = 500.0  # a gap this long (microseconds) parts two replays
+
+
+def replays_of(trace: dict) -> list[list[tuple[float, float, str]]]:
+    """The trace's GPU kernels (CPU ops where it has none: the smoke test) as (start, end, name) in microseconds,
+    split into replays at gaps of SPLIT_US or more."""
+    events = trace.get("traceEvents", [])
+    kernels = [e for e in events if e.get("cat") == "kernel"] or [e for e in events if e.get("cat") == "cpu_op"]
+    spans = sorted((float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0.0)), e["name"]) for e in kernels)
+    groups: list[list[tuple[float, float, str]]] = []
+    end = None
+    for start, stop, name in spans:
+        if end is None or start - end >= SPLIT_US:
+            groups.append([])
+        groups[-1].append((start, stop, name))
+        end = stop if end is None else max(end, stop)
+    return groups
+
+
+def replay_figures(kernels: list[tuple[float, float, str]]) -> dict:
+    """One replay's kernel count, span, busy time (the union of kernel intervals), gaps and busy time by kind (us)."""
+    busy, by_kind, reach = 0.0, defaultdict(float), kernels[0][0]
+    for start, stop, name in kernels:  # sorted by start: count each microsecond once
+        busy += max(0.0, stop - max(start, reach))
+        by_kind[kind_of(name)] += stop - start
+        reach = max(reach, stop)
+    span = reach - kernels[0][0]
+    return {"kernels": len(kernels), "span_us": span, "busy_us": busy, "gaps_us": span - busy, "by_kind_us": by_kind}
+
+
+def analyze(trace: dict, ceiling_us: float | None = None) -> dict:
+    """Medians over the trace's replays (the first dropped when there are more than two: it may carry warm-up),
+    and the kernels that take the most time per replay."""
+    groups = replays_of(trace)
+    if not groups:
+        raise ValueError("the trace holds no kernel (nor CPU op): was it recorded with ProfilerActivity.CUDA?")
+    groups = groups[1:] if len(groups) > 2 else groups
+    figures = [replay_figures(g) for g in groups]
+    median = lambda key: statistics.median(f[key] for f in figures)  # noqa: E731
+    kinds = sorted({k for f in figures for k in f["by_kind_us"]})
+    per_name = defaultdict(float)
+    for group in groups:
+        for start, stop, name in group:
+            per_name[name] += (stop - start) / len(groups)
+    out = {"replays": len(groups), "kernels": median("kernels"), "span_us": median("span_us"),
+           "busy_us": median("busy_us"), "gaps_us": median("gaps_us"),
+           "by_kind_us": {k: statistics.median(f["by_kind_us"].get(k, 0.0) for f in figures) for k in kinds},
+           "top_kernels_us": sorted(per_name.items(), key=lambda kv: -kv[1])[:15], "ceiling_us": ceiling_us}
+    if ceiling_us:
+        out["span_of_ceiling"] = ceiling_us / out["span_us"]
+        out["matmul_of_ceiling"] = ceiling_us / out["by_kind_us"]["matmul"] if out["by_kind_us"].get("matmul") else None
+    return out
+
+
+def record(args: argparse.Namespace, trace_path: Path) -> float | None:
+    """Profile ``args.replays`` plain-step replays into ``trace_path``; the copy ceiling of one step (us) on CUDA."""
+    from torch.profiler import ProfilerActivity, profile
+
+    target, _ = load_target(args)
+    prompt = torch.randint(3, target.vocab_size, (args.prompt_tokens,), generator=torch.Generator().manual_seed(0))
+    cuda = target.device.type == "cuda"
+    with torch.inference_mode():
+        steps, _ = _device_start(target, prompt, args.replays + 8)
+        length = prompt.numel()
+        for i in range(4):  # warm: the span's graph captured, clocks up
+            steps.replayed(length + i)
+        sync(target.device)
+        with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])) as prof:
+            for i in range(args.replays):
+                steps.replayed(length + 4 + i)
+                sync(target.device)
+                time.sleep(PAUSE_S)
+    prof.export_chrome_trace(str(trace_path))
+    if not cuda:
+        return None
+    from speed_7b import copy_bandwidth
+    weight_bytes = sum(p.numel() * p.element_size() for p in target.module.parameters())
+    return weight_bytes / copy_bandwidth(target.device) * 1e6
+
+
+def main(argv: list[str] | None = None) -> int:
+    first = argparse.ArgumentParser(add_help=False)
+    first.add_argument("--analyze", type=Path, help="a saved replay_trace.json.gz: analyse it, record nothing")
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     parents=[first])
+    parser.add_argument("out", type=Path)
+    parser.add_argument("--replays", type=int, default=20)
+    parser.add_argument("--prompt-tokens", type=int, default=32)
+    if first.parse_known_args(argv)[0].analyze is None:  # recording needs a target; analysing does not
+        add_target_arguments(parser)
+    args = parser.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    ceiling_us = None
+    if args.analyze is None:
+        raw = args.out / "replay_trace.json"
+        ceiling_us = record(args, raw)
+        with raw.open("rb") as src, gzip.open(args.out / "replay_trace.json.gz", "wb") as dst:
+            dst.write(src.read())
+        raw.unlink()
+        args.analyze = args.out / "replay_trace.json.gz"
+    with gzip.open(args.analyze, "rt", encoding="utf-8") as f:
+        figures = analyze(json.load(f), ceiling_us)
+    write_text_atomic(args.out / "replay_profile.json", json.dumps(figures, indent=2) + "\n")
+    print(f"{figures['replays']} replays: {figures['kernels']:.0f} kernels, span {figures['span_us']:.1f} us, busy "
+          f"{figures['busy_us']:.1f} us, gaps {figures['gaps_us']:.1f} us")
+    for kind, us in sorted(figures["by_kind_us"].items(), key=lambda kv: -kv[1]):
+        print(f"  {kind:10} {us:9.1f} us")
+    if ceiling_us:
+        print(f"ceiling {ceiling_us:.1f} us: the span is {figures['span_of_ceiling']:.3f} of it")
+    for name, us in figures["top_kernels_us"]:
+        print(f"  {us:8.1f} us  {name[:100]}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,46 @@
+"""bench/replay_profile.py: a trace's kernels part into replays at the pauses between them, and each replay's span,
+busy time (overlaps counted once), gaps and time by kind come out exact; on the CPU the whole script runs (CPU ops
+stand in for kernels) and its saved trace analyses again to the same figures."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from _bench_scripts import load_bench_script
+
+
+def kernel(start: float, duration: float, name: str) -> dict:
+    return {"cat": "kernel", "ts": start, "dur": duration, "name": name}
+
+
+def test_replays_part_at_pauses_and_count_each_busy_microsecond_once():
+    bench = load_bench_script("replay_profile")
+    replay = [kernel(0, 10, "nvjet_gemv"), kernel(12, 3, "triton_poi_fused_rms_norm"), kernel(13, 4, "fmha_kernel"),
+              kernel(20, 5, "nvjet_gemv")]  # busy 10 + 5 (12..17, overlapping) + 5; gaps 2 + 3
+    events = [dict(e, ts=e["ts"] + offset) for offset in (0, 1000, 2000, 3000) for e in replay]
+    events.append({"cat": "cpu_op", "ts": 5, "dur": 900, "name": "aten::linear"})  # CPU ops are not kernels
+    figures = bench.analyze({"traceEvents": events}, ceiling_us=20.0)
+    assert figures["replays"] == 3  # 4 found, the first dropped (warm-up)
+    assert (figures["kernels"], figures["span_us"], figures["busy_us"], figures["gaps_us"]) == (4, 25, 20, 5)
+    assert figures["by_kind_us"] == {"matmul": 15, "other": 3, "attention": 4}
+    assert figures["span_of_ceiling"] == pytest.approx(0.8) and figures["matmul_of_ceiling"] == pytest.approx(20 / 15)
+    assert figures["top_kernels_us"][0] == ("nvjet_gemv", 15)
+
+
+def test_a_trace_without_kernels_is_refused_naming_what_was_expected():
+    bench = load_bench_script("replay_profile")
+    with pytest.raises(ValueError, match="no kernel.*ProfilerActivity.CUDA"):
+        bench.analyze({"traceEvents": [{"cat": "python_function", "ts": 0, "dur": 1, "name": "f"}]})
+
+
+def test_the_cpu_smoke_run_writes_figures_and_a_trace_that_analyses_the_same(tmp_path):
+    bench = load_bench_script("replay_profile")
+    assert bench.main([str(tmp_path / "run"), "--tiny", "--device", "cpu", "--replays", "3"]) == 0
+    figures = json.loads((tmp_path / "run" / "replay_profile.json").read_text(encoding="utf-8"))
+    assert figures["replays"] == 2 and figures["kernels"] > 0 and figures["ceiling_us"] is None
+    assert 0 < figures["busy_us"] <= figures["span_us"]
+    assert bench.main([str(tmp_path / "again"), "--analyze", str(tmp_path / "run" / "replay_trace.json.gz")]) == 0
+    again = json.loads((tmp_path / "again" / "replay_profile.json").read_text(encoding="utf-8"))
+    assert again == figures
