@@ -25,7 +25,8 @@ bench/_fused_gemv.py's Triton kernels adds loop-fused: each projection a Triton 
 inside the GEMVs that read them (no norm or SwiGLU kernel); with --triton-attention too, loop-fused-triton also swaps
 the attention. --fused-inductor adds loop-fused-inductor: the same forward, each stage and its matmul compiled as one
 max-autotuned function instead (inductor's own fusion across exactly those boundaries).
-Each mode's tokens are compared with the loop's (the same greedy continuation). The modes run in turn, --rounds
+Each mode's tokens are compared with the first mode's (the loop's unless --modes orders otherwise: the same
+greedy continuation). The modes run in turn, --rounds
 times (alternating, so a drifting clock moves them alike); each figure is the median over rounds. Prints ms per
 token (decode steps after the first token) and the fraction of the ceiling (weight bytes / copy bandwidth), writes
 OUT/plain_headroom.json.
