@@ -64,6 +64,7 @@ def draw(seed: int) -> dict:
     # drawn last, so adding it left every greedy case of an earlier seed as it was
     case["sampling"] = None if rng.random() < 0.7 else dict(
         temperature=rng.choice((0.7, 1.0)), top_p=rng.choice((1.0, 0.9)), acceptance=rng.choice(("auto", "typical")))
+    case["draft_temperature"] = rng.choice((0.0, 0.0, 0.8))  # a draft model's own sampling: its draft probabilities
     return case
 
 
@@ -90,7 +91,8 @@ def _proposer_maker(case: dict):
     if kind == "draft":
         draft = StaticTarget.from_hf_model(tiny_llama_model(seed=case["seed"] + 1))
         return model, lambda target: DraftModelProposer.from_options(
-            target, draft=StaticTarget(draft.module, draft.config), num_speculative_tokens=k)
+            target, draft=StaticTarget(draft.module, draft.config), num_speculative_tokens=k,
+            temperature=case["draft_temperature"], seed=case["seed"])
     return model, (lambda target: NgramProposer(num_speculative_tokens=k)) if kind == "ngram" else (lambda target: None)
 
 
