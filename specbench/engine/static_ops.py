@@ -109,8 +109,7 @@ def compiled_ops(*, autotune_gemv: bool = False) -> StepOps:
     (on an H200 they read a 7B step's weights at 0.88 of the copy bandwidth against cuBLAS's 0.82:
     docs/engines.md). Wider verify steps keep cuBLAS,
     which autotuning did not beat there; tuning costs ~25 s of capture time per model shape."""
-    # each (model shape, B = 1 or more, W = 1 or more) specialises a stage again, and several models in one process
-    # (a suite, a test session) pass dynamo's per-function limit of 8, which fullgraph=True makes an error: raise it
+    # sizes of 1 (B, W, heads) and each model shape specialise a stage again: past 8, fullgraph=True makes it an error
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
     return StepOps(*(torch.compile(f, fullgraph=True, dynamic=None) for f in STAGES),
                    linear=_autotuned_gemv() if autotune_gemv else F.linear, compiled=True)
@@ -131,6 +130,7 @@ def compiled_prefill_ops() -> StepOps:
         return torch.compile(types.FunctionType(code, fn.__globals__, code.co_name, fn.__defaults__, fn.__closure__),
                              fullgraph=True, dynamic=None)
 
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)  # as compiled_ops: fullgraph
     return StepOps(*(own(f) for f in STAGES), linear=F.linear, compiled=True)
 
 
