@@ -9,7 +9,14 @@ gaps, busy time by kind (bench/profile_batched_kernels.py's kinds) and the kerne
 copy-bandwidth ceiling, the span's and the matmuls' fractions of it. The raw trace is kept (gzipped), so the
 analysis can be rerun anywhere with --analyze.
 
+With --step eagle-draft it replays EAGLE's whole draft graph instead (#29's figure to drive down: every expansion's
+decoder layer, the target's lm_head, log-softmax and top-k, and the selection between them; EAGLE-2's dynamic tree
+at --top-k/--depth/--total-tokens, the 7B speed case's 8/6/60 by default, head `SYNTH_DIR/eagle-profile`), after a
+short decode has captured it. Its ceiling is what the expansions must read: the head's layer and the lm_head, once
+per expansion, at the copy bandwidth.
+
     python bench/replay_profile.py OUT --synth-dir SYNTH_DIR [--replays 20]
+    python bench/replay_profile.py OUT --synth-dir SYNTH_DIR --step eagle-draft
     python bench/replay_profile.py OUT --analyze OUT/replay_trace.json.gz      # again, from a saved trace
     python bench/replay_profile.py OUT --tiny --device cpu --replays 3          # CPU smoke test (CPU ops, no graph)
 """
@@ -24,6 +31,7 @@ import sys
 import time
 from collections import defaultdict
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -92,30 +100,69 @@ def analyze(trace: dict, ceiling_us: float | None = None) -> dict:
     return out
 
 
+def weight_bytes(module: torch.nn.Module, skip: tuple[str, ...] = ()) -> int:
+    return sum(p.numel() * p.element_size() for name, p in module.named_parameters() if not name.startswith(skip))
+
+
+def plain_replays(args: argparse.Namespace, target, prompt: torch.Tensor) -> tuple[Callable[[int], None], int]:
+    """The plain step's graph fed on the device (replay i at span ``length + i``), and the bytes it must read."""
+    steps, _ = _device_start(target, prompt, args.replays + 8)
+    return (lambda i: steps.replayed(prompt.numel() + i)), weight_bytes(target.module)
+
+
+def eagle_draft_replays(args: argparse.Namespace, target, prompt: torch.Tensor) -> tuple[Callable[[int], None], int]:
+    """EAGLE's draft graph, captured by a short decode, replayed from fixed roots; and the bytes its expansions must
+    read (the head's layer and the lm_head, once per expansion: counted by running the rule once, eagerly)."""
+    from specbench.engine.decode import Decoder, GenerationConfig
+    from specbench.proposers.eagle import EagleProposer
+
+    if args.tiny:
+        from specbench.eagle.draft_head import EagleConfig, EagleHead
+        shape = target.module.shape
+        head = EagleHead(EagleConfig(shape.hidden_size, 2 * shape.hidden_size, 4, 2, target.vocab_size)).to(target.device)
+        source = dict(head=head)
+    else:
+        source = dict(path=args.head or str(Path(args.synth_dir) / "eagle-profile"))
+    proposer = EagleProposer.from_options(target, top_k=args.top_k, depth=args.depth, total_tokens=args.total_tokens,
+                                          **source)
+    Decoder(target, proposer, GenerationConfig(max_new_tokens=16, ignore_eos=True)).generate(prompt)
+    captured, gen = proposer.captured, torch.Generator(device=target.device).manual_seed(0)
+    dtype = proposer.lm_head.weight.dtype
+    roots = (torch.randn(1, proposer.head.fc.weight.shape[0], generator=gen, device=target.device, dtype=dtype),
+             torch.randn(1, target.vocab_size, generator=gen, device=target.device, dtype=dtype))  # (B, H), (B, V)
+    widths = []
+    captured.rule.grow(*roots, lambda tokens, *rest: widths.append(tokens.shape[1]) or captured.expand(tokens, *rest))
+    per_expansion = weight_bytes(proposer.head, skip=("embed_tokens",)) + weight_bytes(proposer.lm_head)
+    print(f"EAGLE draft: {len(widths)} expansions of widths {widths}, {per_expansion / 1e9:.3f} GB read by each")
+    return (lambda i: captured.draft(*roots)), per_expansion * len(widths)
+
+
+STEPS = {"plain": plain_replays, "eagle-draft": eagle_draft_replays}
+
+
 def record(args: argparse.Namespace, trace_path: Path) -> float | None:
-    """Profile ``args.replays`` plain-step replays into ``trace_path``; the copy ceiling of one step (us) on CUDA."""
+    """Profile ``args.replays`` replays of ``args.step``'s graph into ``trace_path``; the copy ceiling of one replay
+    (us) on CUDA."""
     from torch.profiler import ProfilerActivity, profile
 
     target, _ = load_target(args)
     prompt = torch.randint(3, target.vocab_size, (args.prompt_tokens,), generator=torch.Generator().manual_seed(0))
     cuda = target.device.type == "cuda"
     with torch.inference_mode():
-        steps, _ = _device_start(target, prompt, args.replays + 8)
-        length = prompt.numel()
-        for i in range(4):  # warm: the span's graph captured, clocks up
-            steps.replayed(length + i)
+        replayed, read_bytes = STEPS[args.step](args, target, prompt)
+        for i in range(4):  # warm: the graph captured, clocks up
+            replayed(i)
         sync(target.device)
         with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])) as prof:
             for i in range(args.replays):
-                steps.replayed(length + 4 + i)
+                replayed(4 + i)
                 sync(target.device)
                 time.sleep(PAUSE_S)
     prof.export_chrome_trace(str(trace_path))
     if not cuda:
         return None
     from speed_7b import copy_bandwidth
-    weight_bytes = sum(p.numel() * p.element_size() for p in target.module.parameters())
-    return weight_bytes / copy_bandwidth(target.device) * 1e6
+    return read_bytes / copy_bandwidth(target.device) * 1e6
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -126,6 +173,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("out", type=Path)
     parser.add_argument("--replays", type=int, default=20)
     parser.add_argument("--prompt-tokens", type=int, default=32)
+    parser.add_argument("--step", choices=sorted(STEPS), default="plain", help="the graph to replay (default: plain)")
+    parser.add_argument("--head", help="eagle-draft: an EAGLE head directory (default: SYNTH_DIR/eagle-profile)")
+    parser.add_argument("--top-k", type=int, default=8, help="eagle-draft: EAGLE-2's top_k (default 8)")
+    parser.add_argument("--depth", type=int, default=6, help="eagle-draft: EAGLE-2's depth (default 6)")
+    parser.add_argument("--total-tokens", type=int, default=60, help="eagle-draft: EAGLE-2's total_tokens (default 60)")
     if first.parse_known_args(argv)[0].analyze is None:  # recording needs a target; analysing does not
         add_target_arguments(parser)
     args = parser.parse_args(argv)

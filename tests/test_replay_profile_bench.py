@@ -4,6 +4,7 @@ stand in for kernels) and its saved trace analyses again to the same figures."""
 
 from __future__ import annotations
 
+import gzip
 import json
 
 import pytest
@@ -44,3 +45,18 @@ def test_the_cpu_smoke_run_writes_figures_and_a_trace_that_analyses_the_same(tmp
     assert bench.main([str(tmp_path / "again"), "--analyze", str(tmp_path / "run" / "replay_trace.json.gz")]) == 0
     again = json.loads((tmp_path / "again" / "replay_profile.json").read_text(encoding="utf-8"))
     assert again == figures
+
+
+def test_the_eagle_draft_step_replays_every_expansion_of_the_dynamic_tree(tmp_path, capsys):
+    """--step eagle-draft on the CPU: the rule's depth - 1 expansions of top_k nodes are counted, and each replay's
+    CPU ops run the head's attention once per expansion."""
+    bench = load_bench_script("replay_profile")
+    args = [str(tmp_path), "--tiny", "--device", "cpu", "--replays", "3", "--step", "eagle-draft", "--top-k", "3",
+            "--depth", "4", "--total-tokens", "10"]
+    assert bench.main(args) == 0
+    assert "3 expansions of widths [3, 3, 3]" in capsys.readouterr().out
+    trace = json.loads(gzip.decompress((tmp_path / "replay_trace.json.gz").read_bytes()))
+    replays = bench.replays_of(trace)
+    assert len(replays) == 3
+    for replay in replays:
+        assert sum(name == "aten::scaled_dot_product_attention" for _, _, name in replay) == 3
