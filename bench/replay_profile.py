@@ -13,10 +13,11 @@ With --step eagle-draft it replays EAGLE's whole draft graph instead (#29's figu
 decoder layer, the target's lm_head, log-softmax and top-k, and the selection between them; EAGLE-2's dynamic tree
 at --top-k/--depth/--total-tokens, the 7B speed case's 8/6/60 by default, head `SYNTH_DIR/eagle-profile`), after a
 short decode has captured it. Its ceiling is what the expansions must read: the head's layer and the lm_head, once
-per expansion, at the copy bandwidth.
+per expansion, at the copy bandwidth. --compile-draft is a candidate for lowering it: the whole draft step compiled
+by inductor before capture, so the ~70 small kernels around each expansion's matmuls fuse.
 
     python bench/replay_profile.py OUT --synth-dir SYNTH_DIR [--replays 20]
-    python bench/replay_profile.py OUT --synth-dir SYNTH_DIR --step eagle-draft
+    python bench/replay_profile.py OUT --synth-dir SYNTH_DIR --step eagle-draft [--compile-draft]
     python bench/replay_profile.py OUT --analyze OUT/replay_trace.json.gz      # again, from a saved trace
     python bench/replay_profile.py OUT --tiny --device cpu --replays 3          # CPU smoke test (CPU ops, no graph)
 """
@@ -125,13 +126,18 @@ def eagle_draft_replays(args: argparse.Namespace, target, prompt: torch.Tensor) 
         source = dict(path=args.head or str(Path(args.synth_dir) / "eagle-profile"))
     proposer = EagleProposer.from_options(target, top_k=args.top_k, depth=args.depth, total_tokens=args.total_tokens,
                                           **source)
-    Decoder(target, proposer, GenerationConfig(max_new_tokens=16, ignore_eos=True)).generate(prompt)
     captured, gen = proposer.captured, torch.Generator(device=target.device).manual_seed(0)
+    if args.compile_draft:  # the candidate: inductor fuses the whole draft step, the graph then captures its kernels
+        captured._grow = torch.compile(captured._grow, mode="max-autotune-no-cudagraphs", fullgraph=True, dynamic=False)
+    Decoder(target, proposer, GenerationConfig(max_new_tokens=16, ignore_eos=True)).generate(prompt)
     dtype = proposer.lm_head.weight.dtype
     roots = (torch.randn(1, proposer.head.fc.weight.shape[0], generator=gen, device=target.device, dtype=dtype),
              torch.randn(1, target.vocab_size, generator=gen, device=target.device, dtype=dtype))  # (B, H), (B, V)
     widths = []
-    captured.rule.grow(*roots, lambda tokens, *rest: widths.append(tokens.shape[1]) or captured.expand(tokens, *rest))
+    eager = captured.rule.grow(*roots, lambda tokens, *rest: widths.append(tokens.shape[1]) or captured.expand(tokens, *rest))
+    if args.compile_draft:  # the same draft as the eager step's? bf16 rounding may part near-ties
+        same = (captured.draft(*roots)[0] == eager[0]).float().mean().item()
+        print(f"compiled draft: {same:.3f} of its tokens equal the eager step's on the same roots")
     per_expansion = weight_bytes(proposer.head, skip=("embed_tokens",)) + weight_bytes(proposer.lm_head)
     print(f"EAGLE draft: {len(widths)} expansions of widths {widths}, {per_expansion / 1e9:.3f} GB read by each")
     return (lambda i: captured.draft(*roots)), per_expansion * len(widths)
@@ -178,6 +184,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--top-k", type=int, default=8, help="eagle-draft: EAGLE-2's top_k (default 8)")
     parser.add_argument("--depth", type=int, default=6, help="eagle-draft: EAGLE-2's depth (default 6)")
     parser.add_argument("--total-tokens", type=int, default=60, help="eagle-draft: EAGLE-2's total_tokens (default 60)")
+    parser.add_argument("--compile-draft", action="store_true",
+                        help="eagle-draft: torch.compile the whole draft step (max-autotune) before it is captured")
     if first.parse_known_args(argv)[0].analyze is None:  # recording needs a target; analysing does not
         add_target_arguments(parser)
     args = parser.parse_args(argv)

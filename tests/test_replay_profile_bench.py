@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 
 import pytest
 
@@ -47,16 +48,27 @@ def test_the_cpu_smoke_run_writes_figures_and_a_trace_that_analyses_the_same(tmp
     assert again == figures
 
 
+EAGLE_DRAFT = ["--tiny", "--device", "cpu", "--replays", "3", "--step", "eagle-draft", "--top-k", "3", "--depth", "4",
+               "--total-tokens", "10"]
+
+
 def test_the_eagle_draft_step_replays_every_expansion_of_the_dynamic_tree(tmp_path, capsys):
     """--step eagle-draft on the CPU: the rule's depth - 1 expansions of top_k nodes are counted, and each replay's
     CPU ops run the head's attention once per expansion."""
     bench = load_bench_script("replay_profile")
-    args = [str(tmp_path), "--tiny", "--device", "cpu", "--replays", "3", "--step", "eagle-draft", "--top-k", "3",
-            "--depth", "4", "--total-tokens", "10"]
-    assert bench.main(args) == 0
+    assert bench.main([str(tmp_path)] + EAGLE_DRAFT) == 0
     assert "3 expansions of widths [3, 3, 3]" in capsys.readouterr().out
     trace = json.loads(gzip.decompress((tmp_path / "replay_trace.json.gz").read_bytes()))
     replays = bench.replays_of(trace)
     assert len(replays) == 3
     for replay in replays:
         assert sum(name == "aten::scaled_dot_product_attention" for _, _, name in replay) == 3
+
+
+def test_the_compiled_draft_candidate_drafts_the_eager_steps_tokens(tmp_path, capsys):
+    """--compile-draft: dynamo traces the whole draft step in one graph (fullgraph: a break is an error) and, in
+    fp32, its tokens equal the eager step's on the same roots (only a near-tie of ~1e-6 could part them)."""
+    bench = load_bench_script("replay_profile")
+    assert bench.main([str(tmp_path)] + EAGLE_DRAFT + ["--compile-draft"]) == 0
+    agreement = re.search(r"compiled draft: ([0-9.]+) of its tokens", capsys.readouterr().out)
+    assert agreement and float(agreement.group(1)) == 1.0

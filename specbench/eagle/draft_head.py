@@ -226,7 +226,7 @@ class EagleHead(nn.Module):
         ``positions`` and ``slots`` ``(B, W)`` (each slot's rows written in its own row of ``kv``
         ``(2, B, KVH, S, D)``), ``mask`` ``(B, W, K)`` bool over each slot's first K entries; returns ``(B, W, H)``.
         The same core over the flattened rows (the attention takes its batched branch); no host reads."""
-        if not self.layer.fused_current():
+        if not torch.compiler.is_compiling() and not self.layer.fused_current():  # a host check dynamo cannot trace
             self.prepare()
         batch, width = slots.shape
         hidden = self.step(embeds.flatten(0, 1), features.flatten(0, 1), positions.flatten(), slots, mask, kv,
