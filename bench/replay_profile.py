@@ -128,7 +128,7 @@ def eagle_draft_replays(args: argparse.Namespace, target, prompt: torch.Tensor) 
                                           **source)
     captured, gen = proposer.captured, torch.Generator(device=target.device).manual_seed(0)
     if args.compile_draft:  # the candidate: inductor fuses the whole draft step, the graph then captures its kernels
-        captured._grow = torch.compile(captured._grow, mode="max-autotune-no-cudagraphs", fullgraph=True, dynamic=False)
+        captured.draft_step = torch.compile(captured._grow, fullgraph=True, dynamic=False)  # COMPILE_DRAFT's
     Decoder(target, proposer, GenerationConfig(max_new_tokens=16, ignore_eos=True)).generate(prompt)
     dtype = proposer.lm_head.weight.dtype
     roots = (torch.randn(1, proposer.head.fc.weight.shape[0], generator=gen, device=target.device, dtype=dtype),

@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from specbench.eagle import captured as captured_module
 from specbench.eagle.captured import CATCH_UP, DRAFT
 from specbench.engine.decode import Decoder, GenerationConfig
 from specbench.engine.hf_target import HFTarget
@@ -166,6 +167,22 @@ def test_a_head_beside_a_compiled_target_drafts_with_its_compiled_stages():
     want, got = decode_all(eager, want_proposer), decode_all(compiled, got_proposer)
     assert [(g.output_token_ids, g.counters) for g in got] == [(w.output_token_ids, w.counters) for w in want]
     assert sum(g.counters.num_drafts for g in got) > 0
+
+
+@pytest.mark.parametrize("label", ["eagle2-dynamic-tree", "eagle3-dynamic-tree"])
+def test_a_whole_compiled_draft_step_drafts_and_decodes_as_the_eager_one(label, monkeypatch):
+    """COMPILE_DRAFT (eagle/captured.py): beside a compiled target the whole draft step (every expansion and the
+    rule between them) is one inductor graph, traced without a break (fullgraph), and decodes with the eager
+    proposer's tokens and counters (fp32, the tiny models' wide greedy margins); beside an eager target it is not
+    compiled."""
+    monkeypatch.setattr(captured_module, "COMPILE_DRAFT", True)
+    compiled, eager = build_target(label, compile=True), build_target(label, compile=False)
+    got_proposer, want_proposer = build_proposer(label, compiled), build_proposer(label, eager)
+    assert got_proposer.captured.draft_step != got_proposer.captured._grow
+    assert want_proposer.captured.draft_step == want_proposer.captured._grow
+    want, got = decode_all(eager, want_proposer), decode_all(compiled, got_proposer)
+    assert [(g.output_token_ids, g.counters) for g in got] == [(w.output_token_ids, w.counters) for w in want]
+    assert sum(g.counters.num_accepted_tokens for g in got) > 0
 
 
 def test_graphs_follow_the_target():

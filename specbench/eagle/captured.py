@@ -18,6 +18,9 @@ from specbench.engine.step_inputs import scatter_rows
 from specbench.engine.transfers import host_to_device
 
 CATCH_UP, EXPAND, DRAFT = "catch_up", "expand", "draft"  # step kinds; graphs: (catch_up, width) and (draft, None)
+# the whole draft step compiled beside a compiling target, so inductor fuses the small kernels around each expansion's
+# matmuls; off until its A/B on the H200 says it pays (docs/eagle.md#a-compiled-draft-step)
+COMPILE_DRAFT = False
 START, LAST, COMMITTED = range(3)  # rows of the per-slot scalars (3, B)
 
 
@@ -82,6 +85,8 @@ class CapturedHead:
         self._kv: torch.Tensor | None = None  # the cache tensor the graphs were captured over
         self._entries: torch.Tensor | None = None  # (S,)
         self.prepared_over: torch.Tensor | None = None  # the cache tensor whose graphs the proposer prepared
+        self.draft_step = (torch.compile(self._grow, fullgraph=True, dynamic=False) if COMPILE_DRAFT and ops.compiled
+                           else self._grow)  # compiled: traced at its first (warm-up) run, before any capture
 
     @property
     def enabled(self) -> bool:
@@ -177,7 +182,7 @@ class CapturedHead:
             self._roots = (torch.empty_like(root_hidden), torch.empty_like(root_logits))
         self._roots[0].copy_(root_hidden)
         self._roots[1].copy_(root_logits)
-        return self.graphs.run((DRAFT, None), self._roots, self._grow)
+        return self.graphs.run((DRAFT, None), self._roots, self.draft_step)
 
     def _grow(self, roots: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, ...]:
         """The draft step: device ops only (what a graph captures), every expansion through :meth:`expand`."""
