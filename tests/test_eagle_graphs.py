@@ -172,14 +172,16 @@ def test_a_head_beside_a_compiled_target_drafts_with_its_compiled_stages():
 @pytest.mark.parametrize("label", ["eagle2-dynamic-tree", "eagle3-dynamic-tree"])
 def test_a_whole_compiled_draft_step_drafts_and_decodes_as_the_eager_one(label, monkeypatch):
     """COMPILE_DRAFT (eagle/captured.py): beside a compiled target the whole draft step (every expansion and the
-    rule between them) is one inductor graph, traced without a break (fullgraph), and decodes with the eager
+    rule between them) is one inductor graph, traced without a break (fullgraph), and so is each replayable
+    catch-up width (a request's first, over its prompt, stays eager); it decodes with the eager
     proposer's tokens and counters (fp32, the tiny models' wide greedy margins); beside an eager target it is not
     compiled."""
     monkeypatch.setattr(captured_module, "COMPILE_DRAFT", True)
     compiled, eager = build_target(label, compile=True), build_target(label, compile=False)
     got_proposer, want_proposer = build_proposer(label, compiled), build_proposer(label, eager)
-    assert got_proposer.captured.draft_step != got_proposer.captured._grow
-    assert want_proposer.captured.draft_step == want_proposer.captured._grow
+    got_steps, want_steps = got_proposer.captured, want_proposer.captured
+    assert got_steps.draft_step != got_steps._grow and got_steps.catch_up_step != got_steps._forward
+    assert want_steps.draft_step == want_steps._grow and want_steps.catch_up_step == want_steps._forward
     want, got = decode_all(eager, want_proposer), decode_all(compiled, got_proposer)
     assert [(g.output_token_ids, g.counters) for g in got] == [(w.output_token_ids, w.counters) for w in want]
     assert sum(g.counters.num_accepted_tokens for g in got) > 0

@@ -85,8 +85,10 @@ class CapturedHead:
         self._kv: torch.Tensor | None = None  # the cache tensor the graphs were captured over
         self._entries: torch.Tensor | None = None  # (S,)
         self.prepared_over: torch.Tensor | None = None  # the cache tensor whose graphs the proposer prepared
-        self.draft_step = (torch.compile(self._grow, fullgraph=True, dynamic=False) if COMPILE_DRAFT and ops.compiled
-                           else self._grow)  # compiled: traced at its first (warm-up) run, before any capture
+        # compiled: each traced at its first (warm-up) run, before its capture; a catch-up once per replayable width
+        compiled = COMPILE_DRAFT and ops.compiled
+        self.draft_step = torch.compile(self._grow, fullgraph=True, dynamic=False) if compiled else self._grow
+        self.catch_up_step = torch.compile(self._forward, fullgraph=True, dynamic=False) if compiled else self._forward
 
     @property
     def enabled(self) -> bool:
@@ -150,7 +152,7 @@ class CapturedHead:
         else:  # rows past a slot's count keep what they held: they write the scratch entry, which no live row sees
             index = scatter_rows(buffers.tokens, [(slot, 0, tokens) for slot, tokens, _ in parts], kv.device)
             scatter_rows(buffers.features, [(slot, 0, features) for slot, _, features in parts], kv.device, index)
-        return self.graphs.run((CATCH_UP, width), buffers, self._forward) if replayable else self._forward(buffers)
+        return self.graphs.run((CATCH_UP, width), buffers, self.catch_up_step) if replayable else self._forward(buffers)
 
     def follow(self, tokens: torch.Tensor, features: torch.Tensor, lengths: torch.Tensor, width: int, *,
                replayable: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -165,7 +167,7 @@ class CapturedHead:
         buffers = self._catch_up_buffers(width, features.shape[-1], replayable)
         buffers.tokens.copy_(tokens.gather(1, columns + 1))
         buffers.features.copy_(features.gather(1, columns[:, :, None].expand(-1, -1, features.shape[-1])))
-        return self.graphs.run((CATCH_UP, width), buffers, self._forward) if replayable else self._forward(buffers)
+        return self.graphs.run((CATCH_UP, width), buffers, self.catch_up_step) if replayable else self._forward(buffers)
 
     def _catch_up_buffers(self, width: int, feature_width: int, replayable: bool) -> HeadStepBuffers:
         """The (catch-up, W) step's buffers, or (not replayable: a request's first) buffers of its own."""
