@@ -1,6 +1,7 @@
 """The static engine against the eager reference on random cases (tests/_random_trials.py): 40 fixed seeds on every
 run; a soak over as many seeds as fit ``SPECBENCH_SOAK_SECONDS`` (from ``SPECBENCH_SOAK_SEED``, default 1000), with
-``SPECBENCH_SOAK_COMPILE=1`` through the compiled stages, when asked."""
+``SPECBENCH_SOAK_COMPILE=1`` through the compiled stages (``=draft``: EAGLE's whole draft steps compiled too,
+``eagle/captured.COMPILE_DRAFT``), when asked."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import time
 import pytest
 
 from _random_trials import KINDS, TIE, draw, run_trial
+from specbench.eagle import captured
 
 
 def test_the_fixed_seeds_draw_every_proposer_batch_shape_and_acceptance_rule():
@@ -27,11 +29,13 @@ def test_a_random_case_decodes_as_the_eager_reference(seed):
 
 
 @pytest.mark.skipif(not os.environ.get("SPECBENCH_SOAK_SECONDS"), reason="a soak: set SPECBENCH_SOAK_SECONDS (and "
-                    "optionally SPECBENCH_SOAK_SEED, SPECBENCH_SOAK_COMPILE=1) to run random cases for that long")
-def test_soak():
+                    "optionally SPECBENCH_SOAK_SEED, SPECBENCH_SOAK_COMPILE=1 or draft) to run random cases for that long")
+def test_soak(monkeypatch):
     seed = int(os.environ.get("SPECBENCH_SOAK_SEED", "1000"))
     end = time.monotonic() + float(os.environ["SPECBENCH_SOAK_SECONDS"])
-    compile, failures, ties, trials = os.environ.get("SPECBENCH_SOAK_COMPILE") == "1", [], 0, 0
+    mode, failures, ties, trials = os.environ.get("SPECBENCH_SOAK_COMPILE"), [], 0, 0
+    compile = mode in ("1", "draft")
+    monkeypatch.setattr(captured, "COMPILE_DRAFT", mode == "draft")
     while time.monotonic() < end:
         outcome = run_trial(seed + trials, compile=compile)
         ties += outcome == "tie"
