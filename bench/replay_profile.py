@@ -185,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--depth", type=int, default=6, help="eagle-draft: EAGLE-2's depth (default 6)")
     parser.add_argument("--total-tokens", type=int, default=60, help="eagle-draft: EAGLE-2's total_tokens (default 60)")
     parser.add_argument("--compile-draft", action="store_true",
-                        help="eagle-draft: torch.compile the whole draft step (max-autotune) before it is captured")
+                        help="eagle-draft: torch.compile the whole draft step before it is captured (COMPILE_DRAFT's way)")
     if first.parse_known_args(argv)[0].analyze is None:  # recording needs a target; analysing does not
         add_target_arguments(parser)
     args = parser.parse_args(argv)
