@@ -169,10 +169,11 @@ def test_a_head_beside_a_compiled_target_drafts_with_its_compiled_stages():
     assert sum(g.counters.num_drafts for g in got) > 0
 
 
-@pytest.mark.parametrize("label", ["eagle2-dynamic-tree", "eagle3-dynamic-tree"])
+@pytest.mark.parametrize("label", sorted(CASES))
 def test_a_whole_compiled_draft_step_drafts_and_decodes_as_the_eager_one(label, monkeypatch):
     """COMPILE_DRAFT (eagle/captured.py): beside a compiled target the whole draft step (every expansion and the
-    rule between them) is one inductor graph, traced without a break (fullgraph), and so is each replayable
+    rule between them) is one inductor graph for every drafting rule, traced without a break (fullgraph: the static
+    tree's top_k once broke it, a property dynamo cannot run), and so is each replayable
     catch-up width (a request's first, over its prompt, stays eager); it decodes with the eager
     proposer's tokens and counters (fp32, the tiny models' wide greedy margins); beside an eager target it is not
     compiled."""
@@ -184,7 +185,7 @@ def test_a_whole_compiled_draft_step_drafts_and_decodes_as_the_eager_one(label, 
     assert want_steps.draft_step == want_steps._grow and want_steps.catch_up_step == want_steps._forward
     want, got = decode_all(eager, want_proposer), decode_all(compiled, got_proposer)
     assert [(g.output_token_ids, g.counters) for g in got] == [(w.output_token_ids, w.counters) for w in want]
-    assert sum(g.counters.num_accepted_tokens for g in got) > 0
+    assert sum(g.counters.num_drafts for g in got) > 0
 
 
 def test_graphs_follow_the_target():
