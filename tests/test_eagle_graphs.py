@@ -293,15 +293,18 @@ def test_three_slots_capture_once_and_draft_as_eagerly():
 
 
 @pytest.mark.large_gpu(min_gb=1)
-@pytest.mark.parametrize("compile", [False, True])
+@pytest.mark.parametrize("compile", [False, True, "draft"])
 @pytest.mark.parametrize("label", sorted(CASES))
-def test_cuda_captured_drafting_decodes_and_drafts_as_eagerly(label, compile):
+def test_cuda_captured_drafting_decodes_and_drafts_as_eagerly(label, compile, monkeypatch):
     """On a GPU: the EAGLE proposers beside a StaticTarget replaying CUDA graphs (fp32, tiny random Llama) capture
-    their own forwards as CUDA graphs, and decode, draft (under ragged acceptance) and count as the eager proposer."""
-    target = build_target(label, "cuda", compile=compile)
+    their own forwards as CUDA graphs, and decode, draft (under ragged acceptance) and count as the eager proposer;
+    with compiled stages, and ("draft") with the whole draft and catch-up steps compiled too (COMPILE_DRAFT)."""
+    monkeypatch.setattr(captured_module, "COMPILE_DRAFT", compile == "draft")
+    target = build_target(label, "cuda", compile=bool(compile))
     assert target.cuda_graphs
     auto = build_proposer(label, target)
     assert auto.captured.enabled and auto.describe()["draft_graphs"] is True  # beside a capturing target: on
+    assert (auto.captured.draft_step != auto.captured._grow) == (compile == "draft")
     graphed = assert_same_decoding(target, label, lambda: None)
     graphs = graphed.captured.graphs
     assert graphs.captured and all(n == 1 for n in graphs.captures.values()) and graphs.capture_seconds > 0
