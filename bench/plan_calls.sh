@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# The measuring calls of the device plan (bench/results/h200-2026-12-05b/README.md, "Next device session"), each one
+# command under one device call's 10 minutes: every step under its own `timeout`, so a slow one cannot take the rest,
+# its output under OUT. The A/B and tier calls of the plan are bench/ab_archives_call.sh and bench/tier_machine.sh.
+#
+#   bash bench/plan_calls.sh OUT headroom   # fresh machine, ~590 s: plain decoding's candidates for 0.80 (#29),
+#                                           # the CUDA tests, the GEMV backends and the cache write
+#   bash bench/plan_calls.sh OUT profiles   # ~200 s: the plain step's and EAGLE-2's draft graph replayed under the
+#                                           # profiler, the draft eager and compiled (COMPILE_DRAFT's candidate)
+#
+# Exports SPECBENCH_DATA_DIR (default .ab/data), HF_HUB_OFFLINE=1, SPECBENCH_SYNTH_DIR and SPECBENCH_SYNTH_1B_DIR
+# (default /tmp/specbench-synth-7b and -1b); writes the synthetic 7B first when it is missing.
+set -u
+out=${1:?usage: bash bench/plan_calls.sh OUT headroom|profiles}
+call=${2:?usage: bash bench/plan_calls.sh OUT headroom|profiles}
+if [[ $call != headroom && $call != profiles ]]; then
+    echo "plan_calls.sh: unknown call '$call' (headroom or profiles)" >&2
+    exit 2
+fi
+export SPECBENCH_DATA_DIR=${SPECBENCH_DATA_DIR:-$PWD/.ab/data} HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
+export SPECBENCH_SYNTH_DIR=${SPECBENCH_SYNTH_DIR:-/tmp/specbench-synth-7b}
+export SPECBENCH_SYNTH_1B_DIR=${SPECBENCH_SYNTH_1B_DIR:-/tmp/specbench-synth-1b}
+synth=$SPECBENCH_SYNTH_DIR
+mkdir -p "$out"
+nvidia-smi --query-gpu=name,serial --format=csv,noheader > "$out/machine_$call.txt" 2>&1
+if [[ ! -f $synth/synth_record.json ]]; then
+    timeout 120 python3 -m specbench.cli zoo synth "$synth" --device cuda > "$out/synth_$call.log" 2>&1
+fi
+step() {  # step SECONDS LOG COMMAND...: one measured command, its exit status noted in its log
+    local seconds=$1 log=$2
+    shift 2
+    timeout -k 5 "$seconds" "$@" > "$out/$log" 2>&1
+    echo "exit $? after at most ${seconds} s: $*" | tee -a "$out/$log"
+}
+case $call in
+    headroom)
+        step 240 plain_headroom.log python3 bench/plain_headroom.py "$out/ph" --synth-dir "$synth" --rounds 2 \
+            --steps "" --triton-attention --fused-gemv --fused-inductor --layer-compile \
+            --modes loop,loop-fused,loop-fused-inductor,loop-layers,loop-triton,loop-fused-triton
+        step 200 cuda_tests.log bash bench/gpu_tier.sh /tmp/ct cuda-tests
+        step 90 gemv.log python3 bench/gemv_backends.py "$out/gemv" --widths 1
+        step 30 cache_write.log python3 bench/cache_write.py "$out/cw" ;;
+    profiles)
+        step 60 replay_plain.log python3 bench/replay_profile.py "$out/rp" --synth-dir "$synth"
+        step 90 replay_eagle.log python3 bench/replay_profile.py "$out/rpe" --synth-dir "$synth" --step eagle-draft
+        step 120 replay_eagle_compiled.log python3 bench/replay_profile.py "$out/rpc" --synth-dir "$synth" \
+            --step eagle-draft --compile-draft ;;
+esac
+grep -h "^exit " "$out"/*.log
