@@ -186,6 +186,12 @@ def test_a_whole_compiled_draft_step_drafts_and_decodes_as_the_eager_one(label, 
     want, got = decode_all(eager, want_proposer), decode_all(compiled, got_proposer)
     assert [(g.output_token_ids, g.counters) for g in got] == [(w.output_token_ids, w.counters) for w in want]
     assert sum(g.counters.num_drafts for g in got) > 0
+    # each head's steps compile under code objects of their own, so proposers never share (and fill) one dynamo cache
+    other = build_proposer(label, compiled).captured
+    codes = [step._torchdynamo_orig_callable.__code__ for step in (got_steps.draft_step, got_steps.catch_up_step,
+                                                                   other.draft_step, other.catch_up_step)]
+    shared = (got_steps._grow.__code__, got_steps._forward.__code__)
+    assert len({id(code) for code in codes}) == 4 and not any(code is c for code in codes for c in shared)
 
 
 def test_graphs_follow_the_target():

@@ -4,6 +4,7 @@ per width, and a whole draft (every expansion and the drafting rule between them
 
 from __future__ import annotations
 
+import types
 from dataclasses import dataclass
 from typing import Callable
 
@@ -29,6 +30,17 @@ def check_features(features: torch.Tensor, width: int, slot: int) -> None:
     if features.shape[-1] != width:
         raise ValueError(f"the EAGLE head reads {width}-wide features, slot {slot} has {features.shape[-1]} (an "
                          "EAGLE-3 head needs the batched target's set_aux_layers)")
+
+
+def compiled_alone(method: Callable) -> Callable:
+    """A bound ``method`` compiled whole (fullgraph, fixed shapes) under a code object of its own. Dynamo keeps the
+    compiled versions of a function on its code object, and each head's steps compile anew (their guards hold the
+    head); on one shared code object every proposer of a process would add to one cache, and a sweep over many
+    proposers would pass the recompile limit, which fullgraph makes an error."""
+    function, owner = method.__func__, method.__self__
+    code = function.__code__.replace(co_name=f"{function.__name__}_{id(owner):x}")
+    own = types.FunctionType(code, function.__globals__, code.co_name, function.__defaults__, function.__closure__)
+    return torch.compile(own.__get__(owner), fullgraph=True, dynamic=False)
 
 
 @dataclass
@@ -87,8 +99,8 @@ class CapturedHead:
         self.prepared_over: torch.Tensor | None = None  # the cache tensor whose graphs the proposer prepared
         # compiled: each traced at its first (warm-up) run, before its capture; a catch-up once per replayable width
         compiled = COMPILE_DRAFT and ops.compiled
-        self.draft_step = torch.compile(self._grow, fullgraph=True, dynamic=False) if compiled else self._grow
-        self.catch_up_step = torch.compile(self._forward, fullgraph=True, dynamic=False) if compiled else self._forward
+        self.draft_step = compiled_alone(self._grow) if compiled else self._grow
+        self.catch_up_step = compiled_alone(self._forward) if compiled else self._forward
 
     @property
     def enabled(self) -> bool:
