@@ -114,6 +114,7 @@ def plain_replays(args: argparse.Namespace, target, prompt: torch.Tensor) -> tup
 def eagle_draft_replays(args: argparse.Namespace, target, prompt: torch.Tensor) -> tuple[Callable[[int], None], int]:
     """EAGLE's draft graph, captured by a short decode, replayed from fixed roots; and the bytes its expansions must
     read (the head's layer and the lm_head, once per expansion: counted by running the rule once, eagerly)."""
+    from specbench.eagle.captured import compiled_alone
     from specbench.engine.decode import Decoder, GenerationConfig
     from specbench.proposers.eagle import EagleProposer
 
@@ -128,7 +129,7 @@ def eagle_draft_replays(args: argparse.Namespace, target, prompt: torch.Tensor) 
                                           **source)
     captured, gen = proposer.captured, torch.Generator(device=target.device).manual_seed(0)
     if args.compile_draft:  # the candidate: inductor fuses the whole draft step, the graph then captures its kernels
-        captured.draft_step = torch.compile(captured._grow, fullgraph=True, dynamic=False)  # COMPILE_DRAFT's
+        captured.draft_step = compiled_alone(captured._grow)  # as COMPILE_DRAFT compiles it
     Decoder(target, proposer, GenerationConfig(max_new_tokens=16, ignore_eos=True)).generate(prompt)
     dtype = proposer.lm_head.weight.dtype
     roots = (torch.randn(1, proposer.head.fc.weight.shape[0], generator=gen, device=target.device, dtype=dtype),
