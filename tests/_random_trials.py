@@ -65,7 +65,15 @@ def draw(seed: int) -> dict:
     case["sampling"] = None if rng.random() < 0.7 else dict(
         temperature=rng.choice((0.7, 1.0)), top_p=rng.choice((1.0, 0.9)), acceptance=rng.choice(("auto", "typical")))
     case["draft_temperature"] = rng.choice((0.0, 0.0, 0.8))  # a draft model's own sampling: its draft probabilities
+    case["queue_ahead"] = rng.random() < 0.75  # the GPU's steps queued ahead of their reads, forced on the CPU
     return case
+
+
+def queues_ahead(case: dict) -> bool:
+    """Whether the case's static decode queues its steps ahead: asked to, greedy, and a proposer that can (n-gram
+    drafts on the host; a draft model only greedily)."""
+    proposer_can = case["kind"] != "ngram" and (case["kind"] != "draft" or case["draft_temperature"] == 0)
+    return case["queue_ahead"] and case["sampling"] is None and proposer_can
 
 
 def _proposer_maker(case: dict):
@@ -105,9 +113,10 @@ def _tie(model, prompt, want: list[int], got: list[int]) -> bool:
     return float(top.values[0] - top.values[1]) < TIE and got[part] in top.indices.tolist()
 
 
-def run_trial(seed: int, compile: bool = False) -> str | None:
+def run_trial(seed: int, compile: bool = False, queued: list | None = None) -> str | None:
     """None when the static engine agrees with the eager reference on seed's case, "tie" when they part only at a
-    tie of the reference's logits (no exact answer there), else what differed."""
+    tie of the reference's logits (no exact answer there), else what differed; ``queued`` gets whether the static
+    decode queued its steps ahead."""
     case = draw(seed)
     model, make = _proposer_maker(case)
     prompts = [repetitive_prompt(p[1]) if p[0] == "repetitive" else random_prompt(p[1], p[2]) for p in case["prompts"]]
@@ -122,7 +131,11 @@ def run_trial(seed: int, compile: bool = False) -> str | None:
     alone = [Decoder(eager, make(eager), config).generate(p, seed=s) for p, s in zip(prompts, seeds)]
     batch_size = case["batch_size"]
     proposer = for_batch(make(static), batch_size, factory=(lambda: make(static)) if case["kind"] == "ngram" else None)
-    batched = Decoder(static.with_batch_size(batch_size), proposer, config).generate_all(prompts, seeds)
+    decoder = Decoder(static.with_batch_size(batch_size), proposer, config)
+    decoder.queue_ahead = case["queue_ahead"]  # as on a GPU (the CPU's ops run as they are called: read one by one)
+    batched = decoder.generate_all(prompts, seeds)
+    if queued is not None:
+        queued.append(decoder._ahead)
     for index, (got, want) in enumerate(zip(batched, alone)):
         if (got.output_token_ids, got.counters, got.finish_reason) != (want.output_token_ids, want.counters,
                                                                        want.finish_reason):

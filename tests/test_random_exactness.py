@@ -1,5 +1,5 @@
-"""The static engine against the eager reference on random cases (tests/_random_trials.py): 40 fixed seeds on every
-run; a soak over as many seeds as fit ``SPECBENCH_SOAK_SECONDS`` (from ``SPECBENCH_SOAK_SEED``, default 1000), with
+"""The static engine against the eager reference on random cases (tests/_random_trials.py): 41 fixed seeds on every
+run, most of the greedy ones with the GPU's steps queued ahead; a soak over as many seeds as fit ``SPECBENCH_SOAK_SECONDS`` (from ``SPECBENCH_SOAK_SEED``, default 1000), with
 ``SPECBENCH_SOAK_COMPILE=1`` through the compiled stages (``=draft``: EAGLE's whole draft steps compiled too,
 ``eagle/captured.COMPILE_DRAFT``), when asked."""
 
@@ -10,22 +10,29 @@ import time
 
 import pytest
 
-from _random_trials import KINDS, TIE, draw, run_trial
+from _random_trials import KINDS, TIE, draw, queues_ahead, run_trial
 from specbench.eagle import captured
 
 
+SEEDS = [*range(40), 77]  # 77: the first draft-model case that queues ahead (greedy, greedy drafts, asked to)
+
+
 def test_the_fixed_seeds_draw_every_proposer_batch_shape_and_acceptance_rule():
-    cases = [draw(seed) for seed in range(40)]
+    cases = [draw(seed) for seed in SEEDS]
     assert {c["kind"] for c in cases} == set(KINDS)
     assert any(c["batch_size"] > len(c["prompts"]) for c in cases)  # idle slots from the start
     assert any(1 < c["batch_size"] < len(c["prompts"]) for c in cases)  # slots refilled mid-run
     sampled = [c["sampling"] for c in cases if c["sampling"]]
     assert {s["acceptance"] for s in sampled} == {"auto", "typical"}  # lossless rejection sampling and Medusa's rule
+    ahead = {c["kind"] for c in cases if queues_ahead(c)}
+    assert ahead == set(KINDS) - {"ngram"}, ahead  # every proposer that can queue ahead does in some case
 
 
-@pytest.mark.parametrize("seed", range(40))
+@pytest.mark.parametrize("seed", SEEDS)
 def test_a_random_case_decodes_as_the_eager_reference(seed):
-    assert run_trial(seed) is None
+    queued = []
+    assert run_trial(seed, queued=queued) is None
+    assert queued == [queues_ahead(draw(seed))]  # the production path (GPU: steps queued ahead) where drawn
 
 
 @pytest.mark.skipif(not os.environ.get("SPECBENCH_SOAK_SECONDS"), reason="a soak: set SPECBENCH_SOAK_SECONDS (and "
