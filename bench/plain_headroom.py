@@ -327,10 +327,11 @@ def main(argv: list[str] | None = None) -> int:
                "weight_bytes": weight_bytes, "ceiling_ms": ceiling_s * 1e3 if ceiling_s else None, "modes": rows}
     args.out.mkdir(parents=True, exist_ok=True)
     write_text_atomic(args.out / "plain_headroom.json", json.dumps(figures, indent=2) + "\n")
-    print(f"{'mode':10} {'ms/token':>9} {'of ceiling':>10}  tokens match the loop's")
+    wide = max(len(row["mode"]) for row in rows)
+    print(f"{'mode':{wide}} {'ms/token':>9} {'of ceiling':>10}  tokens match the loop's")
     for row in rows:
         share = f"{row['fraction_of_ceiling']:.3f}" if row["fraction_of_ceiling"] else "-"
-        print(f"{row['mode']:10} {row['ms_per_token']:9.3f} {share:>10}  {row['tokens_match_loop']} ({row['tokens']})")
+        print(f"{row['mode']:{wide}} {row['ms_per_token']:9.3f} {share:>10}  {row['tokens_match_loop']} ({row['tokens']})")
     return 0
 
 
