@@ -5,8 +5,9 @@
 #
 #   bash bench/plan_calls.sh OUT headroom   # fresh machine, ~590 s: plain decoding's candidates for 0.80 (#29),
 #                                           # the CUDA tests, the GEMV backends and the cache write
-#   bash bench/plan_calls.sh OUT profiles   # ~200 s: the plain step's and EAGLE-2's draft graph replayed under the
-#                                           # profiler, the draft eager and compiled (COMPILE_DRAFT's candidate)
+#   bash bench/plan_calls.sh OUT profiles   # ~300 s: the plain step's and EAGLE-2's draft graph replayed under the
+#                                           # profiler, the draft eager and compiled (COMPILE_DRAFT's candidate), and
+#                                           # the synthetic 1B's plain step (the draft model's)
 #
 # Exports SPECBENCH_DATA_DIR (default .ab/data), HF_HUB_OFFLINE=1, SPECBENCH_SYNTH_DIR and SPECBENCH_SYNTH_1B_DIR
 # (default /tmp/specbench-synth-7b and -1b); writes the synthetic 7B first when it is missing.
@@ -44,6 +45,13 @@ case $call in
         step 60 replay_plain.log python3 bench/replay_profile.py "$out/rp" --synth-dir "$synth"
         step 90 replay_eagle.log python3 bench/replay_profile.py "$out/rpe" --synth-dir "$synth" --step eagle-draft
         step 120 replay_eagle_compiled.log python3 bench/replay_profile.py "$out/rpc" --synth-dir "$synth" \
-            --step eagle-draft --compile-draft ;;
+            --step eagle-draft --compile-draft
+        # the 1B's plain step: the draft model's own (its drafting costs 0.76 of a 7B step, three 1B steps at ~0.48
+        # of their copy ceiling)
+        if [[ ! -f $SPECBENCH_SYNTH_1B_DIR/synth_record.json ]]; then
+            timeout 90 python3 -m specbench.cli zoo synth "$SPECBENCH_SYNTH_1B_DIR" --shape 1b --device cuda \
+                > "$out/synth_1b.log" 2>&1
+        fi
+        step 60 replay_1b.log python3 bench/replay_profile.py "$out/rp1b" --synth-dir "$SPECBENCH_SYNTH_1B_DIR" ;;
 esac
 grep -h "^exit " "$out"/*.log
