@@ -16,12 +16,17 @@ to another device.
 from __future__ import annotations
 
 import torch
+from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 aten = torch.ops.aten
 HOST_READS = {aten._local_scalar_dense.default, aten.nonzero.default, aten.masked_select.default, aten._unique2.default,
               aten.unique_dim.default, aten.unique_consecutive.default, aten.bincount.default, aten.equal.default,
-              aten.is_nonzero.default, aten.lift_fresh.default}
+              aten.is_nonzero.default, aten.lift_fresh.default,
+              aten.item.default}  # int(), float(), .item() of a CPU tensor under inference mode dispatch this
+# reads of a tensor's data that dispatch no aten op on the CPU (tolist, numpy; item in grad mode): seen one level up
+HOST_READ_METHODS = {torch.Tensor.tolist, torch.Tensor.numpy, torch.Tensor.item, torch.Tensor.__int__,
+                     torch.Tensor.__float__, torch.Tensor.__index__}
 
 
 BOOL_INDEXED = {aten.index.Tensor, aten.index_put.default, aten.index_put_.default}  # a bool mask becomes nonzero
@@ -50,6 +55,16 @@ class OpTape(TorchDispatchMode):
         out = func(*args, **kwargs)
         self.ops.append((func, args, kwargs, out))
         return out
+
+
+class HostReadGuard(TorchFunctionMode):
+    """Refuses the reads of a tensor's data that :class:`OpTape` cannot see, as CUDA's capture refuses them."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func in HOST_READ_METHODS:
+            raise RuntimeError(f"{func.__name__} reads the device inside a captured region (CUDA's capture would "
+                               "refuse it)")
+        return func(*args, **(kwargs or {}))
 
 
 class TapeGraph:
@@ -87,6 +102,6 @@ def record(forward, inputs) -> tuple[TapeGraph, tuple]:
     then one recorded run, whose outputs are the graph's static outputs."""
     for _ in range(2):
         forward(inputs)
-    with OpTape() as tape:
+    with OpTape() as tape, HostReadGuard():
         outputs = tuple(forward(inputs))
     return TapeGraph(tape, outputs), outputs
