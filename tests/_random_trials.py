@@ -13,6 +13,8 @@ import torch
 
 from _prompts import random_prompt, repetitive_prompt
 from test_batched_engine import random_heads, tiny_llama_model
+from test_batched_graphs import FakeCapture as TargetCapture
+from test_eagle_graphs import FakeCapture as EagleCapture
 from test_eagle import random_head
 from test_eagle3 import deep_llama, random_head3
 from test_static_target import CONFIGS, build
@@ -66,6 +68,7 @@ def draw(seed: int) -> dict:
         temperature=rng.choice((0.7, 1.0)), top_p=rng.choice((1.0, 0.9)), acceptance=rng.choice(("auto", "typical")))
     case["draft_temperature"] = rng.choice((0.0, 0.0, 0.8))  # a draft model's own sampling: its draft probabilities
     case["queue_ahead"] = rng.random() < 0.75  # the GPU's steps queued ahead of their reads, forced on the CPU
+    case["graphs"] = rng.random() < 0.5  # the GPU's captured steps, replayed on the CPU as recorded (tests/_op_tape.py)
     return case
 
 
@@ -77,7 +80,8 @@ def queues_ahead(case: dict) -> bool:
 
 
 def _proposer_maker(case: dict):
-    """(the target model, a function building the case's proposer for a target)."""
+    """(the target model, a function building the case's proposer for a target; ``graphs=True``: its own steps
+    captured through the CPU's stand-in for CUDA graphs, for a target that captures its)."""
     kind, k = case["kind"], case["k"]
     if kind.startswith("eagle3"):
         head = random_head3(seed=case["head_seed"], draft_vocab=96)
@@ -91,17 +95,21 @@ def _proposer_maker(case: dict):
     if kind.startswith("eagle"):
         options = ({"num_speculative_tokens": k} if kind.endswith("chain") else {"tree": case["tree"]}
                    if kind.endswith("tree") else {n: case[n] for n in ("top_k", "depth", "total_tokens")})
-        return model, lambda target: cls.from_options(target, head=head, **options)
+        return model, lambda target, graphs=False: cls.from_options(
+            target, head=head, **options, **({"graph_backend": EagleCapture()} if graphs else {}))
     if kind.startswith("medusa"):
         heads = random_heads(seed=case["head_seed"])
         options = {"num_speculative_tokens": min(k, 4)} if kind == "medusa-chain" else {"tree": case["tree"]}
-        return model, lambda target: MedusaProposer.from_options(target, heads=heads, **options)
+        return model, lambda target, graphs=False: MedusaProposer.from_options(target, heads=heads, **options)
     if kind == "draft":
         draft = StaticTarget.from_hf_model(tiny_llama_model(seed=case["seed"] + 1))
-        return model, lambda target: DraftModelProposer.from_options(
-            target, draft=StaticTarget(draft.module, draft.config), num_speculative_tokens=k,
-            temperature=case["draft_temperature"], seed=case["seed"])
-    return model, (lambda target: NgramProposer(num_speculative_tokens=k)) if kind == "ngram" else (lambda target: None)
+        return model, lambda target, graphs=False: DraftModelProposer.from_options(
+            target, draft=StaticTarget(draft.module, draft.config, target.batch_size if graphs else 1,
+                                       graph_backend=TargetCapture() if graphs else None),
+            num_speculative_tokens=k, temperature=case["draft_temperature"], seed=case["seed"])
+    if kind == "ngram":
+        return model, lambda target, graphs=False: NgramProposer(num_speculative_tokens=k)
+    return model, lambda target, graphs=False: None
 
 
 def _tie(model, prompt, want: list[int], got: list[int]) -> bool:
@@ -116,7 +124,7 @@ def _tie(model, prompt, want: list[int], got: list[int]) -> bool:
 def run_trial(seed: int, compile: bool = False, queued: list | None = None) -> str | None:
     """None when the static engine agrees with the eager reference on seed's case, "tie" when they part only at a
     tie of the reference's logits (no exact answer there), else what differed; ``queued`` gets whether the static
-    decode queued its steps ahead."""
+    decode queued its steps ahead, and how many step graphs it replayed."""
     case = draw(seed)
     model, make = _proposer_maker(case)
     prompts = [repetitive_prompt(p[1]) if p[0] == "repetitive" else random_prompt(p[1], p[2]) for p in case["prompts"]]
@@ -129,13 +137,19 @@ def run_trial(seed: int, compile: bool = False, queued: list | None = None) -> s
                               sampling=sampling)
     seeds = [seed * 8 + i for i in range(len(prompts))]  # sampled: request i draws from its own seed, alone or not
     alone = [Decoder(eager, make(eager), config).generate(p, seed=s) for p, s in zip(prompts, seeds)]
-    batch_size = case["batch_size"]
-    proposer = for_batch(make(static), batch_size, factory=(lambda: make(static)) if case["kind"] == "ngram" else None)
-    decoder = Decoder(static.with_batch_size(batch_size), proposer, config)
+    batch_size, factory = case["batch_size"], (lambda: make(static)) if case["kind"] == "ngram" else None
+    if case["graphs"]:  # every step captured once and replayed with the capture's Python decisions, as on a GPU
+        target = StaticTarget(static.module, static.config, batch_size, max_context=static.max_context, ops=static.ops,
+                              graph_backend=TargetCapture())
+        proposer = for_batch(make(target, graphs=True), batch_size, factory=factory)
+    else:  # the proposer first: an EAGLE-3 head asks its target for aux layers, which with_batch_size carries over
+        proposer = for_batch(make(static), batch_size, factory=factory)
+        target = static.with_batch_size(batch_size)
+    decoder = Decoder(target, proposer, config)
     decoder.queue_ahead = case["queue_ahead"]  # as on a GPU (the CPU's ops run as they are called: read one by one)
     batched = decoder.generate_all(prompts, seeds)
     if queued is not None:
-        queued.append(decoder._ahead)
+        queued += [decoder._ahead, sum(target.graphs.replays.values())]
     for index, (got, want) in enumerate(zip(batched, alone)):
         if (got.output_token_ids, got.counters, got.finish_reason) != (want.output_token_ids, want.counters,
                                                                        want.finish_reason):

@@ -1,7 +1,8 @@
 """The static engine against the eager reference on random cases (tests/_random_trials.py): 41 fixed seeds on every
-run, most of the greedy ones with the GPU's steps queued ahead; a soak over as many seeds as fit ``SPECBENCH_SOAK_SECONDS`` (from ``SPECBENCH_SOAK_SEED``, default 1000), with
-``SPECBENCH_SOAK_COMPILE=1`` through the compiled stages (``=draft``: EAGLE's whole draft steps compiled too,
-``eagle/captured.COMPILE_DRAFT``), when asked."""
+run, most of the greedy ones with the GPU's steps queued ahead, half through captured steps replayed as recorded
+(tests/_op_tape.py); a soak over as many seeds as fit ``SPECBENCH_SOAK_SECONDS`` (from ``SPECBENCH_SOAK_SEED``,
+default 1000), with ``SPECBENCH_SOAK_COMPILE=1`` through the compiled stages (``=draft``: EAGLE's whole draft steps
+compiled too, ``eagle/captured.COMPILE_DRAFT``), when asked."""
 
 from __future__ import annotations
 
@@ -26,13 +27,16 @@ def test_the_fixed_seeds_draw_every_proposer_batch_shape_and_acceptance_rule():
     assert {s["acceptance"] for s in sampled} == {"auto", "typical"}  # lossless rejection sampling and Medusa's rule
     ahead = {c["kind"] for c in cases if queues_ahead(c)}
     assert ahead == set(KINDS) - {"ngram"}, ahead  # every proposer that can queue ahead does in some case
+    assert {c["kind"] for c in cases if c["graphs"]} == set(KINDS)  # and every one runs through captured steps
 
 
 @pytest.mark.parametrize("seed", SEEDS)
 def test_a_random_case_decodes_as_the_eager_reference(seed):
-    queued = []
+    queued, case = [], draw(seed)
     assert run_trial(seed, queued=queued) is None
-    assert queued == [queues_ahead(draw(seed))]  # the production path (GPU: steps queued ahead) where drawn
+    ahead, replays = queued
+    assert ahead == queues_ahead(case)  # the production path (GPU: steps queued ahead) where drawn
+    assert (replays > 0) == case["graphs"]  # and its graphs: captured steps replayed with their Python frozen
 
 
 @pytest.mark.skipif(not os.environ.get("SPECBENCH_SOAK_SECONDS"), reason="a soak: set SPECBENCH_SOAK_SECONDS (and "
