@@ -138,7 +138,10 @@ def run_trial(seed: int, compile: bool = False, queued: list | None = None) -> s
     seeds = [seed * 8 + i for i in range(len(prompts))]  # sampled: request i draws from its own seed, alone or not
     alone = [Decoder(eager, make(eager), config).generate(p, seed=s) for p, s in zip(prompts, seeds)]
     batch_size, factory = case["batch_size"], (lambda: make(static)) if case["kind"] == "ngram" else None
-    if case["graphs"]:  # every step captured once and replayed with the capture's Python decisions, as on a GPU
+    # every step captured once and replayed with the capture's Python decisions, as on a GPU; not with compiled stages,
+    # whose kernels the CPU's stand-in cannot record (it replays aten ops)
+    graphs = case["graphs"] and not compile
+    if graphs:
         target = StaticTarget(static.module, static.config, batch_size, max_context=static.max_context, ops=static.ops,
                               graph_backend=TargetCapture())
         proposer = for_batch(make(target, graphs=True), batch_size, factory=factory)
