@@ -121,9 +121,9 @@ def _tie(model, prompt, want: list[int], got: list[int]) -> bool:
     return float(top.values[0] - top.values[1]) < TIE and got[part] in top.indices.tolist()
 
 
-def run_trial(seed: int, compile: bool = False, queued: list | None = None) -> str | None:
+def run_trial(seed: int, compile: bool = False, observed: list | None = None) -> str | None:
     """None when the static engine agrees with the eager reference on seed's case, "tie" when they part only at a
-    tie of the reference's logits (no exact answer there), else what differed; ``queued`` gets whether the static
+    tie of the reference's logits (no exact answer there), else what differed; ``observed`` gets whether the static
     decode queued its steps ahead, and how many step graphs it replayed."""
     case = draw(seed)
     model, make = _proposer_maker(case)
@@ -151,8 +151,8 @@ def run_trial(seed: int, compile: bool = False, queued: list | None = None) -> s
     decoder = Decoder(target, proposer, config)
     decoder.queue_ahead = case["queue_ahead"]  # as on a GPU (the CPU's ops run as they are called: read one by one)
     batched = decoder.generate_all(prompts, seeds)
-    if queued is not None:
-        queued += [decoder._ahead, sum(target.graphs.replays.values())]
+    if observed is not None:
+        observed += [decoder._ahead, sum(target.graphs.replays.values())]
     for index, (got, want) in enumerate(zip(batched, alone)):
         if (got.output_token_ids, got.counters, got.finish_reason) != (want.output_token_ids, want.counters,
                                                                        want.finish_reason):

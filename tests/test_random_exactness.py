@@ -32,9 +32,9 @@ def test_the_fixed_seeds_draw_every_proposer_batch_shape_and_acceptance_rule():
 
 @pytest.mark.parametrize("seed", SEEDS)
 def test_a_random_case_decodes_as_the_eager_reference(seed):
-    queued, case = [], draw(seed)
-    assert run_trial(seed, queued=queued) is None
-    ahead, replays = queued
+    observed, case = [], draw(seed)
+    assert run_trial(seed, observed=observed) is None
+    ahead, replays = observed
     assert ahead == queues_ahead(case)  # the production path (GPU: steps queued ahead) where drawn
     assert (replays > 0) == case["graphs"]  # and its graphs: captured steps replayed with their Python frozen
 

@@ -4,7 +4,6 @@ per width, and a whole draft (every expansion and the drafting rule between them
 
 from __future__ import annotations
 
-import types
 from dataclasses import dataclass
 from typing import Callable
 
@@ -14,7 +13,7 @@ from torch import nn
 from specbench.eagle.draft_head import EagleHead
 from specbench.eagle.expansion import DraftingRule
 from specbench.engine.graph_capture import StepGraphs
-from specbench.engine.static_ops import EAGER_OPS, StepOps
+from specbench.engine.static_ops import EAGER_OPS, StepOps, own_code
 from specbench.engine.step_inputs import scatter_rows
 from specbench.engine.transfers import host_to_device
 
@@ -33,13 +32,12 @@ def check_features(features: torch.Tensor, width: int, slot: int) -> None:
 
 
 def compiled_alone(method: Callable) -> Callable:
-    """A bound ``method`` compiled whole (fullgraph, fixed shapes) under a code object of its own. Dynamo keeps the
-    compiled versions of a function on its code object, and each head's steps compile anew (their guards hold the
-    head); on one shared code object every proposer of a process would add to one cache, and a sweep over many
-    proposers would pass the recompile limit, which fullgraph makes an error."""
+    """A bound ``method`` compiled whole (fullgraph, fixed shapes) over a code object of its own (``own_code``):
+    each head's steps compile anew (their guards hold the head), and on one shared code object every proposer of a
+    process would add to one cache, so a sweep over many proposers would pass the recompile limit, which fullgraph
+    makes an error."""
     function, owner = method.__func__, method.__self__
-    code = function.__code__.replace(co_name=f"{function.__name__}_{id(owner):x}")
-    own = types.FunctionType(code, function.__globals__, code.co_name, function.__defaults__, function.__closure__)
+    own = own_code(function, f"{function.__name__}_{id(owner):x}")
     return torch.compile(own.__get__(owner), fullgraph=True, dynamic=False)
 
 

@@ -66,7 +66,6 @@ class StaticTreePlan:
     levels: tuple[tuple[int, int], ...]  # per depth 1..max_depth-1: the expanded nodes [e_begin, e_end)
     sees: torch.Tensor  # (E, E) bool: expanded node e' is e or an ancestor of e
     expanded: torch.Tensor  # (E,) node index (0-based) of each expanded node
-    top_k: int  # the tree's top_k, held as a number: a compiled draft step reads it (the tree's is a property)
 
     @classmethod
     def from_tree(cls, tree: TreeBuffers) -> "StaticTreePlan":
@@ -87,7 +86,7 @@ class StaticTreePlan:
             levels.append((at[0], at[-1] + 1))  # every depth below the deepest has an expanded node
         return cls(
             tree=tree, candidates=candidates, parent_rows=torch.tensor([parent_row[n] for n in expanded], dtype=torch.long),
-            levels=tuple(levels), sees=sees, expanded=torch.tensor(expanded, dtype=torch.long), top_k=tree.top_k,
+            levels=tuple(levels), sees=sees, expanded=torch.tensor(expanded, dtype=torch.long),
         )
 
     @property
@@ -96,7 +95,7 @@ class StaticTreePlan:
 
     def to(self, device) -> "StaticTreePlan":
         return StaticTreePlan(self.tree.to(device), self.candidates.to(device), self.parent_rows.to(device), self.levels,
-                              self.sees.to(device), self.expanded.to(device), self.top_k)
+                              self.sees.to(device), self.expanded.to(device))
 
 
 def static_tree_rule(plan: StaticTreePlan) -> DraftingRule:
@@ -111,7 +110,7 @@ def static_tree_rule(plan: StaticTreePlan) -> DraftingRule:
 def _grow_static_tree(root_hidden: torch.Tensor, root_logits: torch.Tensor, expand: Expander, *,
                       plan: StaticTreePlan) -> tuple[torch.Tensor]:
     """``(B, N)`` every slot's node tokens, in the tree's node order."""
-    k, rows = plan.top_k, 1 + plan.num_expanded
+    k, rows = plan.tree.top_k, 1 + plan.num_expanded
     batch = root_hidden.shape[0]
     table = torch.empty(batch, rows, k, dtype=torch.long, device=root_hidden.device)  # (B, 1 + E, k)
     table[:, 0] = root_logits.topk(k, dim=-1).indices

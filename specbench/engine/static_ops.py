@@ -115,23 +115,23 @@ def compiled_ops(*, autotune_gemv: bool = False) -> StepOps:
                    linear=_autotuned_gemv() if autotune_gemv else F.linear, compiled=True)
 
 
+def own_code(fn: Callable, name: str) -> Callable:
+    """``fn`` over a copy of its code object named ``name``: dynamo keeps a function's compiled versions on its code
+    object, so the copy, compiled, has a cache of its own that no other caller of ``fn`` fills or recompiles."""
+    code = fn.__code__.replace(co_name=name, co_qualname=name)
+    return types.FunctionType(code, fn.__globals__, name, fn.__defaults__, fn.__closure__)
+
+
 @functools.cache
 def compiled_prefill_ops() -> StepOps:
-    """The stages of a fused group prefill (``StaticTarget(fused_prefill=True)``), one set per process.
-
-    Each stage is compiled from a copy of its code object, so it has a dynamo cache of its own: a prefill's
-    widths never recompile the steps' compiled stages (which a shared cache would do, with a symbolic width).
+    """The stages of a fused group prefill (``StaticTarget(fused_prefill=True)``), one set per process, each over
+    its own code object (:func:`own_code`): a prefill's widths never recompile the steps' compiled stages.
     Shapes are automatic dynamic: the first group size compiles each stage, the second recompiles it with the
     token count symbolic, and every later size reuses that (``group_prefill.prepare_fused`` runs both before
     anything is timed, the second at a real admission's size; docs/batching.md#admission)."""
-
-    def own(fn: Callable) -> Callable:
-        code = fn.__code__.replace(co_name=f"prefill_{fn.__name__}", co_qualname=f"prefill_{fn.__qualname__}")
-        return torch.compile(types.FunctionType(code, fn.__globals__, code.co_name, fn.__defaults__, fn.__closure__),
-                             fullgraph=True, dynamic=None)
-
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)  # as compiled_ops: fullgraph
-    return StepOps(*(own(f) for f in STAGES), linear=F.linear, compiled=True)
+    return StepOps(*(torch.compile(own_code(f, f"prefill_{f.__name__}"), fullgraph=True, dynamic=None) for f in STAGES),
+                   linear=F.linear, compiled=True)
 
 
 def _autotuned_gemv() -> Callable:

@@ -26,6 +26,7 @@ class TreeBuffers:
     ranks: torch.Tensor  # (N,) int64 top-k rank of each node's token in its head's list
     candidate_indices: torch.Tensor  # (N,) int64 into the flattened (max_depth, top_k) top-k table
     retrieve_indices: torch.Tensor  # (num_leaves, max_depth + 1) int64 root-first paths to leaves, -1 padded
+    top_k: int  # candidates each head must supply: the largest rank used, plus one (a number a compiled step reads)
     name: str | None = None
 
     @property
@@ -40,11 +41,6 @@ class TreeBuffers:
     def is_chain(self) -> bool:
         """A tree of one path per depth (sorted by length, node i's parent is node i - 1)."""
         return [len(p) for p in self.paths] == list(range(1, self.num_nodes + 1))
-
-    @property
-    def top_k(self) -> int:
-        """Candidates each head must supply: the largest rank used, plus one."""
-        return max((max(p) for p in self.paths), default=-1) + 1
 
     @classmethod
     def from_paths(cls, paths: Sequence[Sequence[int]], name: str | None = None) -> "TreeBuffers":
@@ -73,6 +69,7 @@ class TreeBuffers:
             ranks=ranks,
             candidate_indices=head_indices * top_k + ranks,
             retrieve_indices=retrieve,
+            top_k=top_k,
             name=name,
         )
 
