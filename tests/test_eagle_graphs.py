@@ -156,9 +156,11 @@ def test_a_dynamic_tree_of_fewer_nodes_than_levels_prepares_only_the_reachable_w
     assert proposer.captured.graphs.captures == prepared
 
 
-def test_a_head_beside_a_compiled_target_drafts_with_its_compiled_stages():
-    """The draft forward's pointwise stages are the target's (compiled here by inductor's C++ backend, Triton on
-    CUDA): outputs and counters as with eager stages (fp32, the tiny models' wide greedy margins)."""
+def test_a_head_beside_a_compiled_target_drafts_with_its_compiled_stages(monkeypatch):
+    """With COMPILE_DRAFT off, the draft forward's pointwise stages are the target's (compiled here by inductor's
+    C++ backend, Triton on CUDA): outputs and counters as with eager stages (fp32, the tiny models' wide greedy
+    margins)."""
+    monkeypatch.setattr(captured_module, "COMPILE_DRAFT", False)
     label = "eagle2-dynamic-tree"
     compiled, eager = build_target(label, compile=True), build_target(label, compile=False)
     got_proposer, want_proposer = build_proposer(label, compiled), build_proposer(label, eager)

@@ -19,8 +19,8 @@ from specbench.engine.transfers import host_to_device
 
 CATCH_UP, EXPAND, DRAFT = "catch_up", "expand", "draft"  # step kinds; graphs: (catch_up, width) and (draft, None)
 # the whole draft step compiled beside a compiling target, so inductor fuses the small kernels around each expansion's
-# matmuls; off until its A/B on the H200 says it pays (docs/eagle.md#a-compiled-draft-step)
-COMPILE_DRAFT = False
+# matmuls; on since its A/B paid on EAGLE-2's 7B case (docs/eagle.md#a-compiled-draft-step)
+COMPILE_DRAFT = True
 START, LAST, COMMITTED = range(3)  # rows of the per-slot scalars (3, B)
 
 
