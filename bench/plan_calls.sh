@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The measuring calls of the device plan (bench/results/h200-2026-12-05b/README.md, "Next device session"), each one
+# The measuring calls of the device plan (bench/results/h100-2026-12-07/README.md, "Next device session"), each one
 # command under one device call's 10 minutes: every step under its own `timeout`, so a slow one cannot take the rest,
 # its output under OUT. The A/B and tier calls of the plan are bench/ab_archives_call.sh and bench/tier_machine.sh.
 #
