@@ -207,7 +207,9 @@ def main(argv: list[str] | None = None) -> int:
     for kind, us in sorted(figures["by_kind_us"].items(), key=lambda kv: -kv[1]):
         print(f"  {kind:10} {us:9.1f} us")
     if ceiling_us:
-        print(f"ceiling {ceiling_us:.1f} us: the span is {figures['span_of_ceiling']:.3f} of it")
+        matmuls = figures["matmul_of_ceiling"]
+        print(f"ceiling {ceiling_us:.1f} us: the span is {figures['span_of_ceiling']:.3f} of it"
+              + (f", the matmuls alone {matmuls:.3f}" if matmuls else ""))
     for name, us in figures["top_kernels_us"]:
         print(f"  {us:8.1f} us  {name[:100]}")
     return 0
