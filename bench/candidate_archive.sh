@@ -4,7 +4,7 @@
 # HEAD's own archive, made the same way with no change.
 #
 #   bash bench/candidate_archive.sh HEAD                     # .ab/HEAD.tar.gz
-#   bash bench/candidate_archive.sh cdraft specbench/eagle/captured.py 's/^COMPILE_DRAFT = False$/COMPILE_DRAFT = True/'
+#   bash bench/candidate_archive.sh eager-draft specbench/eagle/captured.py 's/^COMPILE_DRAFT = True$/COMPILE_DRAFT = False/'
 #
 # Exit status 2 when the expression changes nothing.
 set -eu
