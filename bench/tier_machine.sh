@@ -3,21 +3,25 @@
 # GPU suite against the committed baselines, with per-test durations and the machine's facts, packed into one
 # archive per part so that a device call brings it back (a call returns at most 8 files). Stores nothing.
 #   a     reference, synth (writes the synthetic 7B and its proposers) and eagle stages of bench/gpu_tier.sh
-#   b     the speed-cases and batch stages, the proposer table of the speed cases (bench/proposer_table.py), then one
-#         fresh speed/synth-7b-plain process timed in phases (where its setup time goes)
-#   all   a then b (longer than one 10-minute device call)
-# usage: bash bench/tier_machine.sh OUT_DIR [a|b|all]     (from the repository root)
+#   b     the speed-cases and batch stages and the proposer table of the speed cases (bench/proposer_table.py): about
+#         500 s on an H100 (2026-12-07: 303 s and 194 s), on top of the machine's start
+#   c     one fresh speed/synth-7b-plain process timed in phases (where its setup time goes), writing the synthetic
+#         7B first when this machine lacks it
+#   all   a, b then c (longer than one 10-minute device call)
+# usage: bash bench/tier_machine.sh OUT_DIR [a|b|c|all]     (from the repository root)
 # Writes OUT_DIR/tier_<part>.tar.gz (the stage logs, results_*.jsonl, junit XML, machine.txt, process_phases.txt,
 # process_profile.txt: the 45 calls of most cumulative time in that process, under cProfile) and
-# OUT_DIR/tier_<part>.txt (the summary lines). Exit status: gpu_tier.sh's (non-zero when any case regressed).
+# OUT_DIR/tier_<part>.txt (the summary lines), also when the device call's limit stops the script (SIGTERM): what
+# finished comes back. Exit status: gpu_tier.sh's (non-zero when any case regressed).
 set -uo pipefail
-out_dir=${1:?usage: bash bench/tier_machine.sh OUT_DIR [a|b|all]}
+out_dir=${1:?usage: bash bench/tier_machine.sh OUT_DIR [a|b|c|all]}
 part=${2:-all}
 case $part in
     a) stages=(reference synth eagle) ;;
     b) stages=(speed-cases batch) ;;
+    c) stages=() ;;
     all) stages=(reference synth eagle speed-cases batch) ;;
-    *) echo "tier_machine.sh: unknown part '$part' (a, b or all)" >&2; exit 2 ;;
+    *) echo "tier_machine.sh: unknown part '$part' (a, b, c or all)" >&2; exit 2 ;;
 esac
 work=$(mktemp -d)/tier_$part
 mkdir -p "$work" "$out_dir"
@@ -29,10 +33,25 @@ python=${PYTHON:-python3}
     grep -m1 "model name" /proc/cpuinfo
 } >"$work/machine.txt" 2>&1
 cat "$work/machine.txt"
-PYTEST_ADDOPTS="--durations=0 ${PYTEST_ADDOPTS:-}" bash bench/gpu_tier.sh "$work" "${stages[@]}"
-status=$?
-if [[ $part != a ]]; then  # where a fresh 7B process's half minute goes (A/B rounds pay it per process)
+pack() {  # the summary lines and the archive of whatever finished; run on exit and on the call limit's SIGTERM
+    grep -h -E "^(speed|medusa|ngram|latency|eagle|draft|batch)/|passed|failed|regress" "$work"/large_gpu_*.log \
+        >"$out_dir/tier_$part.txt" 2>/dev/null
+    tar -czf "$out_dir/tier_$part.tar.gz" -C "$(dirname "$work")" "tier_$part"
+}
+trap 'pack; echo "tier_machine.sh: stopped by SIGTERM, packed what finished: $out_dir/tier_$part.tar.gz"; exit 124' TERM
+status=0
+if (( ${#stages[@]} )); then
+    PYTEST_ADDOPTS="--durations=0 ${PYTEST_ADDOPTS:-}" bash bench/gpu_tier.sh "$work" "${stages[@]}" &
+    wait $! || status=$?  # in the background, so that SIGTERM reaches the trap at once
+fi
+if [[ -s "$work/results_speed_cases.jsonl" ]]; then  # #29's proposer table from the speed cases this call ran
+    PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" "$python" bench/proposer_table.py "$work/results_speed_cases.jsonl" --out "$work/speed_7b_proposers.md" || true
+fi
+if [[ $part == c || $part == all ]]; then  # where a fresh 7B process's half minute goes (A/B rounds pay it per process)
     export SPECBENCH_SYNTH_DIR=${SPECBENCH_SYNTH_DIR:-/tmp/specbench-synth-7b}
+    if [[ ! -f $SPECBENCH_SYNTH_DIR/synth_record.json ]]; then
+        "$python" -m specbench.cli zoo synth "$SPECBENCH_SYNTH_DIR" --device cuda >"$work/synth.log" 2>&1
+    fi
     run_plain=(-m specbench.cli run speed/synth-7b-plain --no-gate --no-history -q --num-prompts 2 --max-new-tokens 64)
     {
         start=$(date +%s.%N)
@@ -49,11 +68,7 @@ if [[ $part != a ]]; then  # where a fresh 7B process's half minute goes (A/B ro
         "$python" -c "import pstats, sys; pstats.Stats(sys.argv[1]).sort_stats('cumulative').print_stats(45)" \
         "$work/process.prof" >"$work/process_profile.txt" 2>&1
 fi
-if [[ -s "$work/results_speed_cases.jsonl" ]]; then  # #29's proposer table from the speed cases this call ran
-    PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" "$python" bench/proposer_table.py "$work/results_speed_cases.jsonl" --out "$work/speed_7b_proposers.md" || true
-fi
-grep -h -E "^(speed|medusa|ngram|latency|eagle|draft|batch)/|passed|failed|regress" "$work"/large_gpu_*.log \
-    >"$out_dir/tier_$part.txt" 2>/dev/null
-tar -czf "$out_dir/tier_$part.tar.gz" -C "$(dirname "$work")" "tier_$part"
+trap - TERM
+pack
 echo "tier_machine.sh: part $part exit status $status; $out_dir/tier_$part.tar.gz"
 exit "$status"
