@@ -6,7 +6,8 @@ single-sequence engine, whose step costs lived in specbench/engine/step_costs.py
 0.24 of T(1) at 5483910 and 0.36-0.56 at 2b48030).
 
     python bench/propose_profile.py OUT_DIR speed/synth-1b-chain-k3 [specbench run options, e.g. --num-prompts 2]
-    python bench/in_archive.py .ab/5483910.tar.gz python3 $PWD/bench/propose_profile.py $OUT/base speed/synth-1b-chain-k3
+    python bench/in_archive.py .ab/5483910.tar.gz python3 $PWD/bench/propose_profile.py $OUT/base \
+        speed/synth-1b-chain-k3
 
 Writes OUT_DIR/run.json (the run's result), step_costs_profile.txt and step_costs_trace.json.
 """
@@ -80,7 +81,7 @@ def patch(out_dir: Path, measured: list) -> list:
             measured.append(costs)
             print(f"step costs {len(measured)}: T(1) {costs.t1_s * 1e3:.3f} ms, propose {costs.draft_s * 1e3:.3f} ms "
                   f"({costs.draft_s / costs.t1_s:.3f} of T(1))", flush=True)
-            if len(measured) == 1:  # profile one more measurement after the first (its overhead stays out of the figures)
+            if len(measured) == 1:  # profile one more measurement after the first (the profiler stays out of figures)
                 activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
                 with profile(activities=activities) as prof:
                     _original(target, proposer, *args, **kwargs)
@@ -108,12 +109,14 @@ def main(argv: list[str]) -> int:
     measured: list = []
     patched = patch(out_dir, measured)
     if not patched:
-        print(f"propose_profile.py: none of {', '.join(CALLERS)} imports measure_step_costs in this tree", file=sys.stderr)
+        print(f"propose_profile.py: none of {', '.join(CALLERS)} imports measure_step_costs in this tree",
+              file=sys.stderr)
         return 2
     from specbench.cli import main as specbench_main
 
     try:
-        return specbench_main(["run", *argv[1:], "--no-gate", "--no-history", "-q", "--output", str(out_dir / "run.json")])
+        return specbench_main(["run", *argv[1:], "--no-gate", "--no-history", "-q",
+                               "--output", str(out_dir / "run.json")])
     finally:
         for module, original in patched:
             module.measure_step_costs = original
