@@ -1,6 +1,6 @@
 """Where a case's draft cost goes: run one case (`specbench run`) with every step-cost measurement's ``propose`` calls
-labelled, print the draft cost / T(1) of each measurement, and profile the last one (CPU ops and CUDA kernels inside
-``propose``, torch.profiler; its chrome trace goes to OUT_DIR). Works in this tree and in 5483910's (the
+labelled, print the draft cost / T(1) of each measurement, and profile one more measurement after the first (CPU ops
+and CUDA kernels inside ``propose``, torch.profiler; its chrome trace goes to OUT_DIR). Works in this tree and in 5483910's (the
 single-sequence engine, whose step costs lived in specbench/engine/step_costs.py): run it inside an archive with
 `bench/in_archive.py` to compare the two on one machine (bench/results/h100-2026-12-07b: the 1B Medusa heads cost
 0.24 of T(1) at 5483910 and 0.36-0.56 at 2b48030).
