@@ -52,12 +52,20 @@ status=0
 
 synthesize() {  # again where an older synth wrote no profile EAGLE heads or draft model (docs/zoo.md#proposer-profiles)
     [[ -f "$SPECBENCH_SYNTH_DIR/synth_record.json" && -d "$SPECBENCH_SYNTH_DIR/draft-profile" ]] && return 0
-    "$python" -m specbench.cli zoo synth "$SPECBENCH_SYNTH_DIR" --device cuda 2>&1 | tee "$out_dir/synth.log"
+    "$python" -m specbench.cli zoo synth "$SPECBENCH_SYNTH_DIR" --device cuda 2>&1 | tee "$out_dir/synth.log" ||
+        synthesis_failed $? "$out_dir/synth.log"
 }
 
 synthesize_1b() {
     [[ -f "$SPECBENCH_SYNTH_1B_DIR/synth_record.json" ]] && return 0
-    "$python" -m specbench.cli zoo synth "$SPECBENCH_SYNTH_1B_DIR" --shape 1b --device cuda 2>&1 | tee "$out_dir/synth_1b.log"
+    "$python" -m specbench.cli zoo synth "$SPECBENCH_SYNTH_1B_DIR" --shape 1b --device cuda 2>&1 | tee "$out_dir/synth_1b.log" ||
+        synthesis_failed $? "$out_dir/synth_1b.log"
+}
+
+synthesis_failed() {  # a stage whose models could not be written fails the script (its suites do not run)
+    status=$1
+    echo "gpu_tier.sh: stage $stage: \`specbench zoo synth\` failed (exit status $1); its output is in $2" >&2
+    return 1
 }
 
 # run the large_gpu suites selected by -k, gated against the committed baselines (a regression fails the stage);

@@ -2,26 +2,32 @@
 # One fresh GPU machine's share of the cross-machine check (docs/ab.md, README "Baselines and gates"): every gated
 # GPU suite against the committed baselines, with per-test durations and the machine's facts, packed into one
 # archive per part so that a device call brings it back (a call returns at most 8 files). Stores nothing.
-#   a     reference, synth (writes the synthetic 7B and its proposers) and eagle stages of bench/gpu_tier.sh
+#   a     reference and synth (writes the synthetic 7B and its proposers) stages of bench/gpu_tier.sh: 274 s on a
+#         warm H100 whose synthetic 7B was written (2026-12-07c: 138 s and 136 s)
+#   e     the eagle stage (the EAGLE and draft-model suites' CUDA twins): its own part since the compiled draft step
+#         (docs/eagle.md#a-compiled-draft-step) made its static cases compile; 94 s on an H200 before that, and
+#         more than 255 s for 3 of its 6 cases on an H100 after (2026-12-07c)
 #   b     the speed-cases and batch stages and the proposer table of the speed cases (bench/proposer_table.py): about
-#         500 s on an H100 (2026-12-07: 303 s and 194 s), on top of the machine's start
+#         500-600 s on an H100 (2026-12-07: 303 s and 194 s; 2026-12-07c: 405 s with the synthesis, and the batch
+#         stage's 6 points did not fit the rest of a 600 s call), on top of the machine's start
 #   c     one fresh speed/synth-7b-plain process timed in phases (where its setup time goes), writing the synthetic
 #         7B first when this machine lacks it
-#   all   a, b then c (longer than one 10-minute device call)
-# usage: bash bench/tier_machine.sh OUT_DIR [a|b|c|all]     (from the repository root)
+#   all   a, e, b then c (longer than one 10-minute device call)
+# usage: bash bench/tier_machine.sh OUT_DIR [a|e|b|c|all]     (from the repository root)
 # Writes OUT_DIR/tier_<part>.tar.gz (the stage logs, results_*.jsonl, junit XML, machine.txt, process_phases.txt,
 # process_profile.txt: the 45 calls of most cumulative time in that process, under cProfile) and
 # OUT_DIR/tier_<part>.txt (the summary lines), also when the device call's limit stops the script (SIGTERM): what
 # finished comes back. Exit status: gpu_tier.sh's (non-zero when any case regressed).
 set -uo pipefail
-out_dir=${1:?usage: bash bench/tier_machine.sh OUT_DIR [a|b|c|all]}
+out_dir=${1:?usage: bash bench/tier_machine.sh OUT_DIR [a|e|b|c|all]}
 part=${2:-all}
 case $part in
-    a) stages=(reference synth eagle) ;;
+    a) stages=(reference synth) ;;
+    e) stages=(eagle) ;;
     b) stages=(speed-cases batch) ;;
     c) stages=() ;;
     all) stages=(reference synth eagle speed-cases batch) ;;
-    *) echo "tier_machine.sh: unknown part '$part' (a, b, c or all)" >&2; exit 2 ;;
+    *) echo "tier_machine.sh: unknown part '$part' (a, e, b, c or all)" >&2; exit 2 ;;
 esac
 work=$(mktemp -d)/tier_$part
 mkdir -p "$work" "$out_dir"
@@ -33,17 +39,23 @@ python=${PYTHON:-python3}
     grep -m1 "model name" /proc/cpuinfo
 } >"$work/machine.txt" 2>&1
 cat "$work/machine.txt"
-pack() {  # the summary lines and the archive of whatever finished; run on exit and on the call limit's SIGTERM
+# the summary lines and the archive of whatever finished: after every stage, at the end and on the call limit's
+# SIGTERM. Each file is written beside its name and renamed, because the device kills the command soon after
+# SIGTERM (2026-12-07: a pack begun at the limit left a truncated archive); a pack cut short leaves the last whole one
+pack() {
     grep -h -E "^(speed|medusa|ngram|latency|eagle|draft|batch)/|passed|failed|regress" "$work"/large_gpu_*.log \
-        >"$out_dir/tier_$part.txt" 2>/dev/null
-    tar -czf "$out_dir/tier_$part.tar.gz" -C "$(dirname "$work")" "tier_$part"
+        >"$out_dir/tier_$part.txt.tmp" 2>/dev/null
+    mv "$out_dir/tier_$part.txt.tmp" "$out_dir/tier_$part.txt"
+    tar -czf "$out_dir/tier_$part.tar.gz.tmp" -C "$(dirname "$work")" "tier_$part" &&
+        mv "$out_dir/tier_$part.tar.gz.tmp" "$out_dir/tier_$part.tar.gz"
 }
 trap 'pack; echo "tier_machine.sh: stopped by SIGTERM, packed what finished: $out_dir/tier_$part.tar.gz"; exit 124' TERM
 status=0
-if (( ${#stages[@]} )); then
-    PYTEST_ADDOPTS="--durations=0 ${PYTEST_ADDOPTS:-}" bash bench/gpu_tier.sh "$work" "${stages[@]}" &
+for stage in "${stages[@]}"; do  # one stage at a time, packed after each
+    PYTEST_ADDOPTS="--durations=0 ${PYTEST_ADDOPTS:-}" bash bench/gpu_tier.sh "$work" "$stage" &
     wait $! || status=$?  # in the background, so that SIGTERM reaches the trap at once
-fi
+    pack
+done
 if [[ -s "$work/results_speed_cases.jsonl" ]]; then  # #29's proposer table from the speed cases this call ran
     PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" "$python" bench/proposer_table.py "$work/results_speed_cases.jsonl" --out "$work/speed_7b_proposers.md" || true
 fi
