@@ -10,6 +10,7 @@ from specbench.engine.draft import Draft
 from specbench.engine.tree import TreeBuffers
 from specbench.medusa.trees import TreeSpec, load_tree
 from specbench.engine.proposer import ProposerState, SlotProposer
+from specbench.medusa.captured import CAPTURE_HEADS, CapturedHeads
 from specbench.medusa.heads import MedusaHeads
 from specbench.proposers.registry import register_proposer
 
@@ -18,19 +19,15 @@ from specbench.proposers.registry import register_proposer
 class MedusaProposer(SlotProposer):
     """The heads run once over the ``(n, H)`` last hidden states of the n active slots, and every slot's draft tokens
     are picked from them in one op: the chain's top-1 per head, or the tree's top-k candidates. All slots share the
-    draft's shape (parents, depths, mask), built once, so no per-slot device op or host read runs in ``propose``."""
+    draft's shape (parents, depths, mask), built once, so no per-slot device op or host read runs in ``propose``.
+    ``cuda_graphs``: the heads run as one captured graph per batch size (medusa/captured.py)."""
 
     name = "medusa"
     queues_ahead = True
 
-    def __init__(
-        self,
-        heads: MedusaHeads,
-        lm_head: nn.Module | None = None,
-        *,
-        num_speculative_tokens: int | None = None,
-        tree: TreeSpec | None = None,
-    ):
+    def __init__(self, heads: MedusaHeads, lm_head: nn.Module | None = None, *,
+                 num_speculative_tokens: int | None = None, tree: TreeSpec | None = None, cuda_graphs: bool = False,
+                 graph_backend=None):
         num_heads = heads.config.num_heads
         if (num_speculative_tokens is None) == (tree is None):
             raise ValueError(
@@ -65,19 +62,16 @@ class MedusaProposer(SlotProposer):
         self.depth = depth  # heads actually run per step
         # every slot's draft shape, computed once: each propose hands out copies with the slot's tokens
         self._template = self.draft_from_logits(torch.zeros(depth, heads.config.vocab_size, device=device))
+        self.captured = CapturedHeads(lambda hidden: (self.tokens_from_logits(self.head_logits(hidden)),),
+                                      heads.config.hidden_size, heads.stack().block_bias.dtype, device,
+                                      enabled=cuda_graphs, backend=graph_backend)
+        self.batch_size = 1  # the rows of the graph the next reserve() captures (with_batch_size)
 
     @classmethod
-    def from_options(
-        cls,
-        target,
-        *,
-        heads: MedusaHeads | None = None,
-        path: str | None = None,
-        num_speculative_tokens: int | None = None,
-        tree: TreeSpec | None = None,
-    ) -> "MedusaProposer":
+    def from_options(cls, target, *, heads: MedusaHeads | None = None, path: str | None = None,
+                     num_speculative_tokens: int | None = None, tree: TreeSpec | None = None) -> "MedusaProposer":
         """Heads from ``heads`` (a module) or ``path`` (a checkpoint reference), moved to the target's
-        device and dtype; the target's lm_head serves version-2 heads."""
+        device and dtype; the target's lm_head serves version-2 heads; captured on a target with graphs on."""
         if (heads is None) == (path is None):
             raise ValueError(f"Medusa needs exactly one of heads (a MedusaHeads) or path (a checkpoint); got heads="
                              f"{type(heads).__name__ if heads is not None else None}, path={path!r}")
@@ -86,15 +80,24 @@ class MedusaProposer(SlotProposer):
 
             heads = load_medusa_heads(path, hidden_size=target.hidden_size, vocab_size=target.vocab_size, dtype=target.dtype)
         heads = heads.to(device=target.device, dtype=target.dtype)
-        return cls(heads, target.lm_head, num_speculative_tokens=num_speculative_tokens, tree=tree)
+        return cls(heads, target.lm_head, num_speculative_tokens=num_speculative_tokens, tree=tree,
+                   cuda_graphs=CAPTURE_HEADS and bool(getattr(target, "cuda_graphs", False))).with_batch_size(
+            getattr(target, "batch_size", 1))
 
     @property
     def max_draft_tokens(self) -> int:
         return self.tree.num_nodes if self.tree is not None else self.depth
 
     def with_batch_size(self, batch_size: int) -> "MedusaProposer":
-        """Itself: the heads keep no per-slot state, so one proposer drafts for any number of slots."""
+        """Itself: the heads keep no per-slot state, so one proposer drafts for any number of slots (its next
+        ``reserve`` captures a graph of ``batch_size`` rows, with graphs on)."""
+        self.batch_size = batch_size
         return self
+
+    def reserve(self, num_tokens: int) -> None:
+        self.captured.prepare(self.batch_size)  # before any clock starts
+
+    capture_seconds = property(lambda self: self.captured.graphs.capture_seconds)
 
     def describe(self) -> dict:
         settings = {"name": self.name, "num_heads": self.heads.config.num_heads}
@@ -107,11 +110,8 @@ class MedusaProposer(SlotProposer):
     def head_logits(self, hidden_state: torch.Tensor) -> torch.Tensor:
         """(H,) or (n, H) hidden states -> (depth, V) or (depth, n, V) logits of the heads this proposer uses.
 
-        Only those heads run: each vocab projection is as large as the target's lm_head, so running
-        unused heads would cost a noticeable fraction of a target step. They run together on the
-        heads' stacked weights (MedusaHeads.stack; no copy of the weights is kept): L batched
-        matmuls for the residual blocks, then one batched matmul for the vocab projections, or one
-        matmul with the target's lm_head for version-2 heads.
+        Only those heads run (each vocab projection costs as much as the target's lm_head), together on the stacked
+        weights (MedusaHeads.stack): L batched matmuls, then one for the vocab projections (or the target's lm_head).
         """
         stacked = self.heads.stack()  # the cached stacked tensors unless the heads' parameters were replaced
         x = hidden_state.to(stacked.block_bias.dtype)  # (H,) or (n, H)
@@ -140,5 +140,6 @@ class MedusaProposer(SlotProposer):
         if any(state.hidden_state is None for state in states.values()):
             raise ValueError("the Medusa proposer reads each slot's last hidden state, but the decode loop passed none")
         hidden = torch.stack([state.hidden_state for state in states.values()])  # (n, H)
-        tokens = self.tokens_from_logits(self.head_logits(hidden))  # (n, N)
+        tokens = self.captured.tokens(hidden)  # (n, N), or None: no graph
+        tokens = self.tokens_from_logits(self.head_logits(hidden)) if tokens is None else tokens
         return {slot: self._template.with_tokens(tokens[i]) for i, slot in enumerate(states)}
