@@ -15,7 +15,7 @@
 #   batch      the batch suite's synthetic-7B curve (B = 1..32, static engine, 3 repeats per point)
 #   batch-curve  bench/batch_curve.py on the synthetic 7B: B = 1..32, plain, oracle and the Medusa-7B profile,
 #              3 repeats per point (BATCH_CURVE_ARGS replaces those options)
-#   cuda-tests the CUDA tests of tests/ (marked large_gpu: static target, its compiled stages, prefill, batched and EAGLE
+#   cuda-tests the CUDA tests of tests/ (marked large_gpu: static target, its compiled stages, prefill, batched, Medusa and EAGLE
 #              graphs, the bench-only fused GEMVs)
 #   all        reference, synth, speed and speed-cases in turn (gated; never stores)
 #   store      re-base: `specbench baselines regenerate --from-results` over the results_*.jsonl that earlier stages
@@ -109,7 +109,7 @@ for stage in "${stages[@]}"; do
         batch) synthesize && suite_files=(suites/test_batch.py) && suites batch "synth" ;;
         batch-curve) synthesize && { "$python" bench/batch_curve.py "$out_dir" --synth-dir "$SPECBENCH_SYNTH_DIR" \
                    ${BATCH_CURVE_ARGS:---repeats 3} 2>&1 | tee "$out_dir/batch_curve.log" || status=$?; } ;;
-        cuda-tests) "$python" -m pytest tests/test_static_target_cuda.py tests/test_static_ops.py tests/test_static_prefill_graphs.py tests/test_batched_graphs.py tests/test_eagle_graphs.py tests/test_fused_gemv_bench.py \
+        cuda-tests) "$python" -m pytest tests/test_static_target_cuda.py tests/test_static_ops.py tests/test_static_prefill_graphs.py tests/test_batched_graphs.py tests/test_eagle_graphs.py tests/test_medusa_graphs.py tests/test_fused_gemv_bench.py \
                    -m large_gpu -rs -v -p no:cacheprovider 2>&1 | tee "$out_dir/cuda_tests.log" || status=$? ;;
         speed-cases) synthesize && synthesize_1b && suite_files=(suites/test_speed.py) && suites speed_cases "synth" ;;
         speed) synthesize && synthesize_1b && { "$python" bench/speed_7b.py "$SPECBENCH_SYNTH_DIR" "$out_dir" \
