@@ -77,12 +77,14 @@ def test_decoding_through_the_captured_heads_equals_eager_and_the_reference(tiny
         calls = counting(captured)
         decoder = Decoder(target, for_batch(captured, batch_size), config)
         decoder.queue_ahead = ahead  # on the CPU the loop reads each step unless told otherwise
+        decoder.prepare(prompts)
+        assert captured.captured.graphs.captures == {batch_size: 1} and not calls  # captured before any step
         got = decoder.generate_all(prompts)
         eager = Decoder(target, for_batch(medusa(target, heads, shape), batch_size), config).generate_all(prompts)
         assert_each_request_as_alone(got, alone)
         assert_each_request_as_alone(eager, alone)
         graphs = captured.captured.graphs
-        assert graphs.captures == {batch_size: 1} and len(backend.graphs) == 1  # in reserve, before the first step
+        assert graphs.captures == {batch_size: 1} and len(backend.graphs) == 1  # none while decoding
         assert graphs.replays[batch_size] == len(calls) + 1  # the capture's own replay, then one per propose
         if batch_size == 3:  # 5 requests on 3 slots: the last steps draft for fewer slots through the same graph
             assert max(calls) == 3 and min(calls) < 3
