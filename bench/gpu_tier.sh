@@ -4,6 +4,7 @@
 # stage but `store` writes baselines/, and `store` only when told why:
 #   reference  the large_gpu suites of the reference models (CUDA fp32 gated on the CPU quality baselines,
 #              bf16 lossless report, n-gram) and the upstream Vicuna case (skips offline, with its reason)
+#   models     `specbench zoo synth` of the synthetic 7B alone, where SPECBENCH_SYNTH_DIR lacks it (no suite)
 #   synth      `specbench zoo synth` (Vicuna-7B shape, random bf16 weights, 5 heads in the upstream layout)
 #              and its large_gpu cases (lossless chain and 63-node tree, latency)
 #   speed      bench/speed_7b.py on the synthetic 7B weights (writes SYNTH_DIR first when absent), with the
@@ -29,7 +30,7 @@
 # /tmp/specbench-synth-7b), SPECBENCH_REGENERATE_REASON (store only), PYTHON. Needs torch, transformers, pytest,
 # pytest-benchmark, pandas; not `datasets`.
 set -euo pipefail
-out_dir=${1:?usage: bash bench/gpu_tier.sh OUT_DIR [reference|synth|speed|static|eagle|speed-cases|batch|batch-curve|cuda-tests|all|store ...]}
+out_dir=${1:?usage: bash bench/gpu_tier.sh OUT_DIR [reference|models|synth|speed|static|eagle|speed-cases|batch|batch-curve|cuda-tests|all|store ...]}
 shift
 stages=()
 for stage in "${@:-all}"; do  # `all` in place, so `all store` gates all four stages, then stores
@@ -104,6 +105,7 @@ for stage in "${stages[@]}"; do
     case $stage in
         reference) suites reference "not synth" ;;
         synth) synthesize && suites synth "synth" ;;
+        models) synthesize ;;
         static) synthesize && suite_files=(suites/test_medusa.py suites/test_ngram.py) && suites static "static" ;;
         eagle) suite_files=(suites/test_eagle_suite.py suites/test_draft.py) && suites eagle "cuda" ;;
         batch) synthesize && suite_files=(suites/test_batch.py) && suites batch "synth" ;;
@@ -115,7 +117,7 @@ for stage in "${stages[@]}"; do
         speed) synthesize && synthesize_1b && { "$python" bench/speed_7b.py "$SPECBENCH_SYNTH_DIR" "$out_dir" \
                    --draft-dir "$SPECBENCH_SYNTH_1B_DIR" 2>&1 | tee "$out_dir/speed_7b.log" || status=$?; } ;;
         store) store ;;
-        *) echo "gpu_tier.sh: unknown stage '$stage' (reference, synth, speed, static, eagle, speed-cases, batch, batch-curve, cuda-tests, all, store)" >&2; exit 2 ;;
+        *) echo "gpu_tier.sh: unknown stage '$stage' (reference, models, synth, speed, static, eagle, speed-cases, batch, batch-curve, cuda-tests, all, store)" >&2; exit 2 ;;
     esac
 done
 exit "$status"

@@ -61,9 +61,7 @@ if [[ -s "$work/results_speed_cases.jsonl" ]]; then  # #29's proposer table from
 fi
 if [[ $part == c || $part == all ]]; then  # where a fresh 7B process's half minute goes (A/B rounds pay it per process)
     export SPECBENCH_SYNTH_DIR=${SPECBENCH_SYNTH_DIR:-/tmp/specbench-synth-7b}
-    if [[ ! -f $SPECBENCH_SYNTH_DIR/synth_record.json ]]; then
-        "$python" -m specbench.cli zoo synth "$SPECBENCH_SYNTH_DIR" --device cuda >"$work/synth.log" 2>&1
-    fi
+    bash bench/gpu_tier.sh "$work" models >/dev/null || status=$?  # the synthetic 7B, where this machine lacks it
     run_plain=(-m specbench.cli run speed/synth-7b-plain --no-gate --no-history -q --num-prompts 2 --max-new-tokens 64)
     {
         start=$(date +%s.%N)
