@@ -6,7 +6,7 @@
 #         warm H100 whose synthetic 7B was written (2026-12-07c: 138 s and 136 s)
 #   e     the eagle stage (the EAGLE and draft-model suites' CUDA twins): its own part since the compiled draft step
 #         (docs/eagle.md#a-compiled-draft-step) made its static cases compile; 94 s on an H200 before that, and
-#         more than 255 s for 3 of its 6 cases on an H100 after (2026-12-07c)
+#         280 s for its 6 cases on an H100 after (2026-12-08; 66-87 s per static EAGLE case)
 #   b     the speed-cases and batch stages and the proposer table of the speed cases (bench/proposer_table.py): about
 #         500-600 s on an H100 (2026-12-07: 303 s and 194 s; 2026-12-07c: 405 s with the synthesis, and the batch
 #         stage's 6 points did not fit the rest of a 600 s call), on top of the machine's start
