@@ -19,8 +19,7 @@ class CapturedHeads:
     ``forward`` maps ``(B, H)`` hidden states to ``((B, N) draft tokens,)``. :meth:`prepare` captures it for B rows
     over a buffer of zeros, before any clock starts. :meth:`tokens` copies n <= B hidden states into the first rows of
     the smallest prepared buffer and replays its graph. The other rows keep an earlier step's values, and nobody reads
-    their tokens. With graphs off, or no buffer of n rows prepared, :meth:`tokens` returns None and the caller runs
-    the heads eagerly."""
+    their tokens. With graphs off, or no buffer of n rows prepared, :meth:`tokens` runs ``forward`` eagerly."""
 
     def __init__(self, forward: Callable, hidden_size: int, dtype: torch.dtype, device: torch.device, *,
                  enabled: bool, backend: GraphBackend | None = None):
@@ -40,12 +39,12 @@ class CapturedHeads:
             self.inputs[batch_size] = buffer
             self.graphs.run(batch_size, buffer, self.forward)
 
-    def tokens(self, hidden: torch.Tensor) -> torch.Tensor | None:
-        """``(n, H)`` hidden states -> ``(n, N)`` draft tokens through a prepared graph, or None (run eagerly)."""
+    def tokens(self, hidden: torch.Tensor) -> torch.Tensor:
+        """``(n, H)`` hidden states -> ``(n, N)`` draft tokens through a prepared graph, or eagerly without one."""
         rows = hidden.shape[0]
         fitting = [batch for batch in self.inputs if batch >= rows]
         if not fitting:
-            return None
+            return self.forward(hidden)[0]
         batch = min(fitting)
         buffer = self.inputs[batch]
         buffer[:rows].copy_(hidden)

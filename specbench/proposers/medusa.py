@@ -140,6 +140,5 @@ class MedusaProposer(SlotProposer):
         if any(state.hidden_state is None for state in states.values()):
             raise ValueError("the Medusa proposer reads each slot's last hidden state, but the decode loop passed none")
         hidden = torch.stack([state.hidden_state for state in states.values()])  # (n, H)
-        tokens = self.captured.tokens(hidden)  # (n, N), or None: no graph
-        tokens = self.tokens_from_logits(self.head_logits(hidden)) if tokens is None else tokens
+        tokens = self.captured.tokens(hidden)  # (n, N): the heads' graph replayed, or the heads run eagerly
         return {slot: self._template.with_tokens(tokens[i]) for i, slot in enumerate(states)}
