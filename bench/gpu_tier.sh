@@ -111,7 +111,7 @@ for stage in "${stages[@]}"; do
         batch) synthesize && suite_files=(suites/test_batch.py) && suites batch "synth" ;;
         batch-curve) synthesize && { "$python" bench/batch_curve.py "$out_dir" --synth-dir "$SPECBENCH_SYNTH_DIR" \
                    ${BATCH_CURVE_ARGS:---repeats 3} 2>&1 | tee "$out_dir/batch_curve.log" || status=$?; } ;;
-        cuda-tests) "$python" -m pytest tests/test_static_target_cuda.py tests/test_static_ops.py tests/test_static_prefill_graphs.py tests/test_batched_graphs.py tests/test_eagle_graphs.py tests/test_medusa_graphs.py tests/test_fused_gemv_bench.py \
+        cuda-tests) "$python" -m pytest tests/test_static_target_cuda.py tests/test_static_ops.py tests/test_static_prefill_graphs.py tests/test_batched_graphs.py tests/test_eagle_graphs.py tests/test_medusa_graphs.py tests/test_fused_gemv_bench.py tests/test_l2_prefetch_bench.py \
                    -m large_gpu -rs -v -p no:cacheprovider 2>&1 | tee "$out_dir/cuda_tests.log" || status=$? ;;
         speed-cases) synthesize && synthesize_1b && suite_files=(suites/test_speed.py) && suites speed_cases "synth" ;;
         speed) synthesize && synthesize_1b && { "$python" bench/speed_7b.py "$SPECBENCH_SYNTH_DIR" "$out_dir" \

@@ -25,6 +25,10 @@ bench/_fused_gemv.py's Triton kernels adds loop-fused: each projection a Triton 
 inside the GEMVs that read them (no norm or SwiGLU kernel); with --triton-attention too, loop-fused-triton also swaps
 the attention. --fused-inductor adds loop-fused-inductor: the same forward, each stage and its matmul compiled as one
 max-autotuned function instead (inductor's own fusion across exactly those boundaries).
+With --l2-prefetch SPECS, another target per spec whose projections prefetch the next weight's first bytes into L2 on a
+side stream while the small kernels between matmuls run (bench/_l2_prefetch.py) adds loop-l2-SPEC: SPEC is O:R, the
+megabytes prefetched in the attention window and in every other window, joined before each matmul, or O:R:nojoin,
+joined only before the lm_head.
 Each mode's tokens are compared with the first mode's (the loop's unless --modes orders otherwise: the same
 greedy continuation). The modes run in turn, --rounds
 times (alternating, so a drifting clock moves them alike); each figure is the median over rounds. Prints ms per
@@ -38,6 +42,7 @@ OUT/plain_headroom.json.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import sys
@@ -60,6 +65,7 @@ from specbench.io.atomic_write import write_text_atomic  # noqa: E402
 from specbench.engine import static_llama  # noqa: E402
 from specbench.engine.decode import Decoder, GenerationConfig  # noqa: E402
 from specbench.engine.static_cache import attention_span  # noqa: E402
+from specbench.engine.static_target import StaticTarget  # noqa: E402
 from specbench.engine.step_inputs import SlotInput  # noqa: E402
 
 PLAIN = ("plain", 1)  # the plain step's (kind, width): its static buffers' key
@@ -244,6 +250,20 @@ def layer_compiled(module):
     return forward
 
 
+def prefetching(target, spec: str, programs: int, parser: argparse.ArgumentParser):
+    """Another target over ``target``'s module and compiled stages whose projections prefetch into L2 as ``spec``
+    says (bench/_l2_prefetch.py)."""
+    from _l2_prefetch import PrefetchingLinear, parse_spec, projection_order
+    try:
+        cap_o, cap_rest, join = parse_spec(spec)
+    except ValueError as error:
+        parser.error(str(error))
+    linear = PrefetchingLinear(target.ops.linear, projection_order(target.module), cap_o=cap_o, cap_rest=cap_rest,
+                               programs=programs, join=join)
+    return StaticTarget(target.module, target.config, 1, max_context=target.max_context,
+                        ops=dataclasses.replace(target.ops, linear=linear))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("out", type=Path)
@@ -263,6 +283,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="add loop-fused-inductor: the fused forward with each stage and its matmul compiled as one")
     parser.add_argument("--layer-compile", action="store_true",
                         help="add loop-layers: another target whose every decoder layer is one compiled region")
+    parser.add_argument("--l2-prefetch", metavar="SPECS",
+                        help="add loop-l2-SPEC per comma-separated SPEC O:R[:nojoin]: a target that prefetches O MB of "
+                             "the output projection during attention and R MB of every other next weight into L2")
+    parser.add_argument("--l2-programs", type=int, default=132, help="programs of each L2 prefetch (default 132)")
     args = parser.parse_args(argv)
     target, dtype = load_target(args)
     device = target.device
@@ -293,6 +317,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.layer_compile:
         layers = variant(target, layer_compiled)
         modes["loop-layers"] = lambda: loop_mode(layers, prompt, args.new_tokens)
+    for spec in args.l2_prefetch.split(",") if args.l2_prefetch else ():
+        other = prefetching(target, spec, args.l2_programs, parser)
+        modes[f"loop-l2-{spec}"] = lambda other=other: loop_mode(other, prompt, args.new_tokens)
     if args.modes:  # the reference (tokens every mode is compared with) is the first listed
         unknown = [m for m in args.modes.split(",") if m not in modes]
         if unknown:

@@ -8,14 +8,17 @@
 #   bash bench/plan_calls.sh OUT profiles   # ~300 s: the plain step's and EAGLE-2's draft graph replayed under the
 #                                           # profiler, the draft eager and compiled (COMPILE_DRAFT's candidate), and
 #                                           # the synthetic 1B's plain step (the draft model's)
+#   bash bench/plan_calls.sh OUT l2         # ~390 s: the plain step's profile, plain decoding with the next weights
+#                                           # prefetched into L2 between matmuls (bench/_l2_prefetch.py; L2_SPECS
+#                                           # overrides the sizes) after its CUDA tests, and the GEMV backends at one row
 #
 # Exports SPECBENCH_DATA_DIR (default .ab/data), HF_HUB_OFFLINE=1, SPECBENCH_SYNTH_DIR and SPECBENCH_SYNTH_1B_DIR
 # (default /tmp/specbench-synth-7b and -1b); writes the synthetic 7B first when it is missing.
 set -u
-out=${1:?usage: bash bench/plan_calls.sh OUT headroom|profiles}
-call=${2:?usage: bash bench/plan_calls.sh OUT headroom|profiles}
-if [[ $call != headroom && $call != profiles ]]; then
-    echo "plan_calls.sh: unknown call '$call' (headroom or profiles)" >&2
+out=${1:?usage: bash bench/plan_calls.sh OUT headroom|profiles|l2}
+call=${2:?usage: bash bench/plan_calls.sh OUT headroom|profiles|l2}
+if [[ $call != headroom && $call != profiles && $call != l2 ]]; then
+    echo "plan_calls.sh: unknown call '$call' (headroom, profiles or l2)" >&2
     exit 2
 fi
 export SPECBENCH_DATA_DIR=${SPECBENCH_DATA_DIR:-$PWD/.ab/data} HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
@@ -53,5 +56,15 @@ case $call in
                 > "$out/synth_1b.log" 2>&1
         fi
         step 60 replay_1b.log python3 bench/replay_profile.py "$out/rp1b" --synth-dir "$SPECBENCH_SYNTH_1B_DIR" ;;
+    l2)
+        # megabytes prefetched in the attention window : in each other window (about 8 us and 2-3 us of HBM time
+        # on an H100's 7B step, bench/results/h100-2026-12-07/replay_plain.log), joined at the next matmul or not
+        specs=${L2_SPECS:-8:2,16:4,24:6,32:8,16:4:nojoin,32:8:nojoin}
+        modes=loop$(printf ',loop-l2-%s' ${specs//,/ })
+        step 60 replay_plain.log python3 bench/replay_profile.py "$out/rp" --synth-dir "$synth"
+        step 60 l2_cuda_tests.log python3 -m pytest tests/test_l2_prefetch_bench.py -m large_gpu -rs -q -p no:cacheprovider
+        step 180 l2_prefetch.log python3 bench/plain_headroom.py "$out/l2" --synth-dir "$synth" --rounds 3 --steps "" \
+            --l2-prefetch "$specs" --modes "$modes"
+        step 90 gemv.log python3 bench/gemv_backends.py "$out/gemv" --widths 1 ;;
 esac
 grep -h "^exit " "$out"/*.log

@@ -35,3 +35,22 @@ def test_modes_picks_and_orders_the_modes_and_refuses_an_unknown_one(tmp_path, c
     with pytest.raises(SystemExit) as refused:
         bench.main(common + ["--modes", "loop,loop-fused"])  # loop-fused needs --fused-gemv and CUDA
     assert refused.value.code == 2 and "unknown ['loop-fused']" in capsys.readouterr().err
+
+
+def test_l2_prefetch_adds_a_mode_per_spec_and_refuses_a_bad_one(tmp_path, capsys, monkeypatch):
+    """bench/_l2_prefetch.py's variants: each spec a mode with the loop's tokens (the touch kernel replaced by a
+    stand-in when triton is not here to interpret it); a spec not of the form O:R[:nojoin] is a usage error."""
+    bench = load_bench_script("plain_headroom")
+    import _l2_prefetch  # as the script imports it (bench/ on the path)
+    touched = []
+    monkeypatch.setattr(_l2_prefetch, "touch_prefix", lambda prefix, scratch: touched.append(prefix.numel()))
+    common = [str(tmp_path), "--tiny", "--device", "cpu", "--new-tokens", "4", "--prompt-tokens", "5", "--rounds", "1"]
+    assert bench.main(common + ["--l2-prefetch", "0.001:0.0005,0.001:0.0005:nojoin"]) == 0
+    figures = json.loads((tmp_path / "plain_headroom.json").read_text(encoding="utf-8"))
+    rows = {row["mode"]: row for row in figures["modes"]}
+    assert {"loop-l2-0.001:0.0005", "loop-l2-0.001:0.0005:nojoin"} <= set(rows)
+    assert all(row["tokens_match_loop"] for row in rows.values())
+    assert set(touched) == {1048 // 4, 524 // 4}  # 0.001 and 0.0005 MB of fp32 weights, every weight larger
+    with pytest.raises(SystemExit) as refused:
+        bench.main(common + ["--l2-prefetch", "32"])
+    assert refused.value.code == 2 and "'32' is not O:R or O:R:nojoin" in capsys.readouterr().err
