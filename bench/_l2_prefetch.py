@@ -32,7 +32,9 @@ except ImportError:  # a CPU without triton: the tests' stand-in touch, or none
     triton = None
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"  # a CPU check of the kernel's indexing
-BLOCK = 4096 if not INTERPRETED else 64  # elements per program per load (8 KB of bf16)
+# elements per program per iteration: 16 KB of bf16, so two programs per SM keep ~4 MB in flight, what an H200's
+# bandwidth times its memory latency (~4.8 TB/s x ~0.8 us) asks for; 64 interpreted (a CPU check of the indexing)
+BLOCK = 8192 if not INTERPRETED else 64
 
 if triton is not None:
     @triton.jit
@@ -69,12 +71,12 @@ def projection_order(module) -> list[tuple[str, torch.Tensor]]:
 class PrefetchingLinear:
     """``linear(x, weight, bias)`` that prefetches the next projection's weight prefix on a side stream after each
     matmul (``cap_o`` bytes of the output projection, ``cap_rest`` of any other), joined before that weight's matmul
-    (``join``) or only before the last projection's. ``touch`` reads a prefix (default :func:`touch_prefix`). On a
-    CPU the prefetch runs inline (interpreted, or a stand-in): the order and the sizes can be checked there, not the
-    overlap."""
+    (``join``) or only before the last projection's; each prefetch runs ``programs`` programs (default two per SM).
+    ``touch`` reads a prefix (default :func:`touch_prefix`). On a CPU the prefetch runs inline (interpreted, or a
+    stand-in): the order and the sizes can be checked there, not the overlap."""
 
     def __init__(self, linear: Callable, order: list[tuple[str, torch.Tensor]], *, cap_o: int, cap_rest: int,
-                 programs: int = 132, join: bool = True, touch: Callable | None = None):
+                 programs: int | None = None, join: bool = True, touch: Callable | None = None):
         self.linear, self.join, self.touch = linear, join, touch or touch_prefix
         device = order[0][1].device
         self.next: dict[int, torch.Tensor] = {}  # a weight's address -> the prefix of the next weight to prefetch
@@ -83,6 +85,8 @@ class PrefetchingLinear:
             if elements > 0 and following.is_contiguous():
                 self.next[weight.data_ptr()] = following.reshape(-1)[:elements]  # (n,) a view: no copy
         self.last = order[-1][1].data_ptr()
+        if programs is None:  # two per SM (see BLOCK)
+            programs = 2 * torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
         self.scratch = torch.zeros(programs, dtype=torch.float32, device=device)  # (P,) the touches' sums
         self.side = torch.cuda.Stream(device) if device.type == "cuda" else None
         self.pending = False  # a prefetch forked and not yet joined

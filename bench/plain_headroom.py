@@ -250,7 +250,7 @@ def layer_compiled(module):
     return forward
 
 
-def prefetching(target, spec: str, programs: int, parser: argparse.ArgumentParser):
+def prefetching(target, spec: str, programs: int | None, parser: argparse.ArgumentParser):
     """Another target over ``target``'s module and compiled stages whose projections prefetch into L2 as ``spec``
     says (bench/_l2_prefetch.py)."""
     from _l2_prefetch import PrefetchingLinear, parse_spec, projection_order
@@ -286,7 +286,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--l2-prefetch", metavar="SPECS",
                         help="add loop-l2-SPEC per comma-separated SPEC O:R[:nojoin]: a target that prefetches O MB of "
                              "the output projection during attention and R MB of every other next weight into L2")
-    parser.add_argument("--l2-programs", type=int, default=132, help="programs of each L2 prefetch (default 132)")
+    parser.add_argument("--l2-programs", type=int, help="programs of each L2 prefetch (default: two per SM)")
     args = parser.parse_args(argv)
     target, dtype = load_target(args)
     device = target.device
