@@ -3,9 +3,10 @@
 For the Vicuna-7B shape at verify width W (1 = plain decoding), replays 32 layers x (qkv, o, gate_up,
 down) + lm_head over distinct bf16 weights (13 GB, nothing stays in L2) as one CUDA graph, through
 cuBLAS (``F.linear``) and through ``torch.compile`` max-autotune (at one row a multiply-and-sum reduction tuned by
-coordinate descent, what the static engine runs; wider, Triton mm templates competing with cuBLAS per shape), and at
-one row through bench/_gemv.py's Triton GEMV (autotuned per shape; its largest difference from cuBLAS's output is
-printed). Prints ms per step and the fraction of the copy-bandwidth ceiling (weight bytes / bandwidth), and writes
+coordinate descent, what the static engine runs; wider, Triton mm templates competing with cuBLAS per shape), the same
+with a wider coordinate descent (radius 2, every direction checked: whether the engine's tuning stops short of a
+better reduction), and at one row through bench/_gemv.py's Triton GEMV (autotuned per shape; its largest difference
+from cuBLAS's output is printed). Prints ms per step and the fraction of the copy-bandwidth ceiling (weight bytes / bandwidth), and writes
 gemv_backends.json.
 
     python bench/gemv_backends.py OUT_DIR [--widths 1,4] [--reps 20]
@@ -62,6 +63,10 @@ def main() -> int:
         "cublas": F.linear,
         "compile-max-autotune": torch.compile(lambda x, w: F.linear(x, w), mode="max-autotune-no-cudagraphs",
                                               dynamic=False),
+        # max-autotune-no-cudagraphs' settings with a wider search (mode and options cannot be given together)
+        "compile-max-autotune-wide": torch.compile(lambda x, w: F.linear(x, w), dynamic=False, options={
+            "max_autotune": True, "coordinate_descent_tuning": True, "coordinate_descent_search_radius": 2,
+            "coordinate_descent_check_all_directions": True, "triton.cudagraphs": False}),
     }
     from bench._gemv import gemv
     torch._dynamo.config.recompile_limit = 64

@@ -8,7 +8,7 @@
 #   bash bench/plan_calls.sh OUT profiles   # ~300 s: the plain step's and EAGLE-2's draft graph replayed under the
 #                                           # profiler, the draft eager and compiled (COMPILE_DRAFT's candidate), and
 #                                           # the synthetic 1B's plain step (the draft model's)
-#   bash bench/plan_calls.sh OUT l2         # ~390 s: the plain step's profile, plain decoding with the next weights
+#   bash bench/plan_calls.sh OUT l2         # ~450 s: the plain step's profile, plain decoding with the next weights
 #                                           # prefetched into L2 between matmuls (bench/_l2_prefetch.py; L2_SPECS
 #                                           # overrides the sizes) after its CUDA tests, and the GEMV backends at one row
 #
@@ -65,6 +65,6 @@ case $call in
         step 60 l2_cuda_tests.log python3 -m pytest tests/test_l2_prefetch_bench.py -m large_gpu -rs -q -p no:cacheprovider
         step 180 l2_prefetch.log python3 bench/plain_headroom.py "$out/l2" --synth-dir "$synth" --rounds 3 --steps "" \
             --l2-prefetch "$specs" --modes "$modes"
-        step 90 gemv.log python3 bench/gemv_backends.py "$out/gemv" --widths 1 ;;
+        step 150 gemv.log python3 bench/gemv_backends.py "$out/gemv" --widths 1 ;;
 esac
 grep -h "^exit " "$out"/*.log
