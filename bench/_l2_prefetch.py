@@ -84,6 +84,7 @@ class PrefetchingLinear:
             elements = (cap_o if name == "o" else cap_rest) // following.element_size()
             if elements > 0 and following.is_contiguous():
                 self.next[weight.data_ptr()] = following.reshape(-1)[:elements]  # (n,) a view: no copy
+        self.known = {weight.data_ptr() for _, weight in order}
         self.last = order[-1][1].data_ptr()
         if programs is None:  # two per SM (see BLOCK)
             programs = 2 * torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
@@ -93,7 +94,7 @@ class PrefetchingLinear:
 
     def __call__(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         key = weight.data_ptr()
-        if self.pending and (self.join or key == self.last or key not in self.next):
+        if self.pending and (self.join or key == self.last or key not in self.known):  # an unknown weight: join
             torch.cuda.current_stream(x.device).wait_stream(self.side)  # the join: the prefix is in L2
             self.pending = False
         out = self.linear(x, weight, bias)  # (W, out)
