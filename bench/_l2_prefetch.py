@@ -126,3 +126,16 @@ def parse_spec(spec: str) -> tuple[int, int, bool]:
     if cap_o < 0 or cap_rest < 0:
         raise ValueError(f"--l2-prefetch: {spec!r} has a negative size")
     return cap_o, cap_rest, len(parts) == 2
+
+
+def prefetching_target(target, spec: str, programs: int | None = None):
+    """Another static target over ``target``'s module and stages (weights shared) whose projections prefetch into L2
+    as ``spec`` (:func:`parse_spec`) says; ValueError for a bad spec."""
+    import dataclasses
+
+    from specbench.engine.static_target import StaticTarget
+    cap_o, cap_rest, join = parse_spec(spec)
+    linear = PrefetchingLinear(target.ops.linear, projection_order(target.module), cap_o=cap_o, cap_rest=cap_rest,
+                               programs=programs, join=join)
+    return StaticTarget(target.module, target.config, 1, max_context=target.max_context,
+                        ops=dataclasses.replace(target.ops, linear=linear))

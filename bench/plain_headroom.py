@@ -42,7 +42,6 @@ OUT/plain_headroom.json.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import statistics
 import sys
@@ -58,6 +57,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _bench_target import add_target_arguments, load_target  # noqa: E402
 from _fused_forward import fused_plain_forward, inductor_kernels  # noqa: E402
+from _l2_prefetch import prefetching_target  # noqa: E402
 from _phase_clock import sync  # noqa: E402
 from speed_7b import copy_bandwidth  # noqa: E402
 
@@ -65,7 +65,6 @@ from specbench.io.atomic_write import write_text_atomic  # noqa: E402
 from specbench.engine import static_llama  # noqa: E402
 from specbench.engine.decode import Decoder, GenerationConfig  # noqa: E402
 from specbench.engine.static_cache import attention_span  # noqa: E402
-from specbench.engine.static_target import StaticTarget  # noqa: E402
 from specbench.engine.step_inputs import SlotInput  # noqa: E402
 
 PLAIN = ("plain", 1)  # the plain step's (kind, width): its static buffers' key
@@ -250,20 +249,6 @@ def layer_compiled(module):
     return forward
 
 
-def prefetching(target, spec: str, programs: int | None, parser: argparse.ArgumentParser):
-    """Another target over ``target``'s module and compiled stages whose projections prefetch into L2 as ``spec``
-    says (bench/_l2_prefetch.py)."""
-    from _l2_prefetch import PrefetchingLinear, parse_spec, projection_order
-    try:
-        cap_o, cap_rest, join = parse_spec(spec)
-    except ValueError as error:
-        parser.error(str(error))
-    linear = PrefetchingLinear(target.ops.linear, projection_order(target.module), cap_o=cap_o, cap_rest=cap_rest,
-                               programs=programs, join=join)
-    return StaticTarget(target.module, target.config, 1, max_context=target.max_context,
-                        ops=dataclasses.replace(target.ops, linear=linear))
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("out", type=Path)
@@ -318,7 +303,10 @@ def main(argv: list[str] | None = None) -> int:
         layers = variant(target, layer_compiled)
         modes["loop-layers"] = lambda: loop_mode(layers, prompt, args.new_tokens)
     for spec in args.l2_prefetch.split(",") if args.l2_prefetch else ():
-        other = prefetching(target, spec, args.l2_programs, parser)
+        try:
+            other = prefetching_target(target, spec, args.l2_programs)
+        except ValueError as error:
+            parser.error(str(error))
         modes[f"loop-l2-{spec}"] = lambda other=other: loop_mode(other, prompt, args.new_tokens)
     if args.modes:  # the reference (tokens every mode is compared with) is the first listed
         unknown = [m for m in args.modes.split(",") if m not in modes]

@@ -8,9 +8,10 @@
 #   bash bench/plan_calls.sh OUT profiles   # ~300 s: the plain step's and EAGLE-2's draft graph replayed under the
 #                                           # profiler, the draft eager and compiled (COMPILE_DRAFT's candidate), and
 #                                           # the synthetic 1B's plain step (the draft model's)
-#   bash bench/plan_calls.sh OUT l2         # ~450 s: the plain step's profile, plain decoding with the next weights
+#   bash bench/plan_calls.sh OUT l2         # ~500 s: the plain step's profile, plain decoding with the next weights
 #                                           # prefetched into L2 between matmuls (bench/_l2_prefetch.py; L2_SPECS
-#                                           # overrides the sizes) after its CUDA tests, and the GEMV backends at one row
+#                                           # overrides the sizes) after its CUDA tests, one of them profiled
+#                                           # (L2_PROFILE, default 32:0), and the GEMV backends at one row
 #
 # Exports SPECBENCH_DATA_DIR (default .ab/data), HF_HUB_OFFLINE=1, SPECBENCH_SYNTH_DIR and SPECBENCH_SYNTH_1B_DIR
 # (default /tmp/specbench-synth-7b and -1b); writes the synthetic 7B first when it is missing.
@@ -59,12 +60,15 @@ case $call in
     l2)
         # megabytes prefetched in the attention window : in each other window (about 8 us and 2-3 us of HBM time
         # on an H100's 7B step, bench/results/h100-2026-12-07/replay_plain.log), joined at the next matmul or not
-        specs=${L2_SPECS:-8:2,16:4,24:6,32:8,16:4:nojoin,32:8:nojoin}
+        specs=${L2_SPECS:-16:0,32:0,16:4,32:8,16:4:nojoin,32:8:nojoin}
         modes=loop$(printf ',loop-l2-%s' ${specs//,/ })
         step 60 replay_plain.log python3 bench/replay_profile.py "$out/rp" --synth-dir "$synth"
         step 60 l2_cuda_tests.log python3 -m pytest tests/test_l2_prefetch_bench.py -m large_gpu -rs -q -p no:cacheprovider
         step 180 l2_prefetch.log python3 bench/plain_headroom.py "$out/l2" --synth-dir "$synth" --rounds 3 --steps "" \
             --l2-prefetch "$specs" --modes "$modes"
+        # one variant's step under the profiler: do its matmuls get shorter, and do its prefetches overlap the rest?
+        step 60 replay_l2.log python3 bench/replay_profile.py "$out/rpl2" --synth-dir "$synth" \
+            --l2-prefetch "${L2_PROFILE:-32:0}"
         step 150 gemv.log python3 bench/gemv_backends.py "$out/gemv" --widths 1 ;;
 esac
 grep -h "^exit " "$out"/*.log

@@ -40,6 +40,7 @@ from specbench.env import environment_fingerprint  # noqa: E402
 
 # (kind, substrings of a kernel's name that put it there), the first match wins
 KINDS = (
+    ("l2_prefetch", ("_touch",)),  # bench/_l2_prefetch.py's reads of the next weight into L2, on a side stream
     ("attention", ("fmha", "attention", "flash", "softmax", "attn")),
     ("matmul", ("gemm", "gemv", "cutlass", "nvjet", "xmma", "cublas", "splitk", "matmul", "addmm", "_mm_")),
     ("kv_write", ("index_put", "index_elementwise", "scatter")),  # advanced-index writes (and reads) of the cache

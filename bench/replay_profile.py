@@ -40,6 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _bench_target import add_target_arguments, load_target  # noqa: E402
+from _l2_prefetch import parse_spec, prefetching_target  # noqa: E402
 from _phase_clock import sync  # noqa: E402
 from plain_headroom import _device_start  # noqa: E402
 from profile_batched_kernels import kind_of  # noqa: E402
@@ -153,6 +154,8 @@ def record(args: argparse.Namespace, trace_path: Path) -> float | None:
     from torch.profiler import ProfilerActivity, profile
 
     target, _ = load_target(args)
+    if args.l2_prefetch:
+        target = prefetching_target(target, args.l2_prefetch)
     prompt = torch.randint(3, target.vocab_size, (args.prompt_tokens,), generator=torch.Generator().manual_seed(0))
     cuda = target.device.type == "cuda"
     with torch.inference_mode():
@@ -187,9 +190,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--total-tokens", type=int, default=60, help="eagle-draft: EAGLE-2's total_tokens (default 60)")
     parser.add_argument("--compile-draft", action="store_true",
                         help="eagle-draft: torch.compile the whole draft step before it is captured (COMPILE_DRAFT's way)")
+    parser.add_argument("--l2-prefetch", metavar="SPEC",
+                        help="plain: the step with the next weights prefetched into L2 as SPEC (O:R[:nojoin] MB) says "
+                             "(bench/_l2_prefetch.py); its prefetch kernels are the kind l2_prefetch")
     if first.parse_known_args(argv)[0].analyze is None:  # recording needs a target; analysing does not
         add_target_arguments(parser)
     args = parser.parse_args(argv)
+    if args.l2_prefetch:
+        if args.step != "plain":
+            parser.error("--l2-prefetch profiles the plain step only (--step plain)")
+        try:
+            parse_spec(args.l2_prefetch)
+        except ValueError as error:
+            parser.error(str(error))
     args.out.mkdir(parents=True, exist_ok=True)
     ceiling_us = None
     if args.analyze is None:

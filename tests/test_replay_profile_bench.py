@@ -72,3 +72,21 @@ def test_the_compiled_draft_candidate_drafts_the_eager_steps_tokens(tmp_path, ca
     assert bench.main([str(tmp_path)] + EAGLE_DRAFT + ["--compile-draft"]) == 0
     agreement = re.search(r"compiled draft: ([0-9.]+) of its tokens", capsys.readouterr().out)
     assert agreement and float(agreement.group(1)) == 1.0
+
+
+def test_the_l2_prefetch_variant_profiles_the_plain_step_and_refuses_a_bad_request(tmp_path, monkeypatch, capsys):
+    """--l2-prefetch: the plain step's replays run the prefetching projections (a recording stand-in for the touch
+    kernel on a CPU without triton), with the spec's sizes; another step, or a bad spec, is a usage error."""
+    bench = load_bench_script("replay_profile")
+    import _l2_prefetch  # as the script imports it (bench/ on the path)
+    touched = []
+    monkeypatch.setattr(_l2_prefetch, "touch_prefix", lambda prefix, scratch: touched.append(prefix.numel()))
+    tiny = ["--tiny", "--device", "cpu", "--replays", "3"]
+    assert bench.main([str(tmp_path)] + tiny + ["--l2-prefetch", "0.001:0.0005"]) == 0
+    assert set(touched) == {1048 // 4, 524 // 4}  # 0.001 and 0.0005 MB of fp32 weights
+    assert bench.kind_of("_touch") == "l2_prefetch"  # the Triton kernel's name in a trace: its own kind
+    for extra, message in ((["--step", "eagle-draft", "--l2-prefetch", "1:1"], "plain step only"),
+                           (["--l2-prefetch", "1"], "'1' is not O:R")):
+        with pytest.raises(SystemExit) as refused:
+            bench.main([str(tmp_path)] + tiny + extra)
+        assert refused.value.code == 2 and message in capsys.readouterr().err
