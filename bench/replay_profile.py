@@ -49,18 +49,22 @@ from specbench.io.atomic_write import write_text_atomic  # noqa: E402
 
 PAUSE_S = 0.002  # the host's pause between replays: a gap no graph has inside it
 SPLIT_US = 500.0  # a gap this long (microseconds) parts two replays
+# the CPU smoke run's: its replays are CPU ops, which a busy machine can preempt for more than SPLIT_US mid-replay
+CPU_PAUSE_S, CPU_SPLIT_US = 0.05, 10_000.0
 
 
 def replays_of(trace: dict) -> list[list[tuple[float, float, str]]]:
     """The trace's GPU kernels (CPU ops where it has none: the smoke test) as (start, end, name) in microseconds,
-    split into replays at gaps of SPLIT_US or more."""
+    split into replays at gaps of SPLIT_US or more (CPU_SPLIT_US between CPU ops)."""
     events = trace.get("traceEvents", [])
-    kernels = [e for e in events if e.get("cat") == "kernel"] or [e for e in events if e.get("cat") == "cpu_op"]
+    kernels = [e for e in events if e.get("cat") == "kernel"]
+    split = SPLIT_US if kernels else CPU_SPLIT_US
+    kernels = kernels or [e for e in events if e.get("cat") == "cpu_op"]
     spans = sorted((float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0.0)), e["name"]) for e in kernels)
     groups: list[list[tuple[float, float, str]]] = []
     end = None
     for start, stop, name in spans:
-        if end is None or start - end >= SPLIT_US:
+        if end is None or start - end >= split:
             groups.append([])
         groups[-1].append((start, stop, name))
         end = stop if end is None else max(end, stop)
@@ -167,7 +171,7 @@ def record(args: argparse.Namespace, trace_path: Path) -> float | None:
             for i in range(args.replays):
                 replayed(4 + i)
                 sync(target.device)
-                time.sleep(PAUSE_S)
+                time.sleep(PAUSE_S if cuda else CPU_PAUSE_S)
     prof.export_chrome_trace(str(trace_path))
     if not cuda:
         return None
