@@ -2,7 +2,7 @@
 candidate for the time a one-row step spends between its matmuls (bench/plain_headroom.py --l2-prefetch). Bench-only.
 
 A plain 7B step's matmuls read HBM at close to its bandwidth, but between them (rotary and the cache write,
-attention, the residual norms, SwiGLU) about 300 latency-bound kernels leave HBM nearly idle: 0.58 ms of a 5.3 ms
+attention, the residual norms, SwiGLU) about 210 latency-bound kernels leave HBM nearly idle: 0.58 ms of a 5.3 ms
 step on an H100 (bench/results/h100-2026-12-07/README.md), a larger share of the H200's shorter step. Those kernels
 cannot get much shorter, but the bandwidth they leave can be spent. :class:`PrefetchingLinear` wraps the step's
 ``ops.linear``: after each projection's matmul it forks a side stream that reads the first bytes of the next
