@@ -6,8 +6,8 @@ cuBLAS (``F.linear``) and through ``torch.compile`` max-autotune (at one row a m
 coordinate descent, what the static engine runs; wider, Triton mm templates competing with cuBLAS per shape), the same
 with a wider coordinate descent (radius 2, every direction checked: whether the engine's tuning stops short of a
 better reduction), and at one row through bench/_gemv.py's Triton GEMV (autotuned per shape; its largest difference
-from cuBLAS's output is printed). Prints ms per step and the fraction of the copy-bandwidth ceiling (weight bytes / bandwidth), and writes
-gemv_backends.json.
+from cuBLAS's output is printed). Prints ms per step and the fraction of the copy-bandwidth ceiling (weight bytes /
+bandwidth), and writes gemv_backends.json.
 
     python bench/gemv_backends.py OUT_DIR [--widths 1,4] [--reps 20]
 """
