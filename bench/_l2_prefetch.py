@@ -87,7 +87,8 @@ class PrefetchingLinear:
         self.known = {weight.data_ptr() for _, weight in order}
         self.last = order[-1][1].data_ptr()
         if programs is None:  # two per SM (see BLOCK)
-            programs = 2 * torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
+            cuda = device.type == "cuda"
+            programs = 2 * torch.cuda.get_device_properties(device).multi_processor_count if cuda else 4
         self.scratch = torch.zeros(programs, dtype=torch.float32, device=device)  # (P,) the touches' sums
         self.side = torch.cuda.Stream(device) if device.type == "cuda" else None
         self.pending = False  # a prefetch forked and not yet joined

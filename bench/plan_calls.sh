@@ -63,7 +63,8 @@ case $call in
         specs=${L2_SPECS:-16:0,32:0,16:4,32:8,16:4:nojoin,32:8:nojoin}
         modes=loop$(printf ',loop-l2-%s' ${specs//,/ })
         step 60 replay_plain.log python3 bench/replay_profile.py "$out/rp" --synth-dir "$synth"
-        step 60 l2_cuda_tests.log python3 -m pytest tests/test_l2_prefetch_bench.py -m large_gpu -rs -q -p no:cacheprovider
+        step 60 l2_cuda_tests.log python3 -m pytest tests/test_l2_prefetch_bench.py -m large_gpu -rs -q \
+            -p no:cacheprovider
         step 180 l2_prefetch.log python3 bench/plain_headroom.py "$out/l2" --synth-dir "$synth" --rounds 3 --steps "" \
             --l2-prefetch "$specs" --modes "$modes"
         # one variant's step under the profiler: do its matmuls get shorter, and do its prefetches overlap the rest?
