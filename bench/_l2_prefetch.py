@@ -6,8 +6,7 @@ attention, the residual norms, SwiGLU) about 210 latency-bound kernels leave HBM
 step on an H100 (bench/results/h100-2026-12-07/README.md), a larger share of the H200's shorter step. Those kernels
 cannot get much shorter, but the bandwidth they leave can be spent. :class:`PrefetchingLinear` wraps the step's
 ``ops.linear``: after each projection's matmul it forks a side stream that reads the first bytes of the next
-projection's weight (loads cached in L2 only and marked evict-last, summed into a scratch value so that they are
-kept), and the next matmul joins it first, so the prefix it reads comes from L2, which serves it several times
+projection's weight (loads cached in L2 only, summed into a scratch value so that they are kept), and the next matmul joins it first, so the prefix it reads comes from L2, which serves it several times
 faster than HBM. Inside a CUDA graph the fork and the join are edges of the graph, so replays keep them.
 
 How many bytes each window can take is what the bench measures: the window after the fused q/k/v projection
@@ -44,8 +43,8 @@ if triton is not None:
         acc = tl.zeros([BLOCK], dtype=tl.float32)
         for start in range(pid * BLOCK, n, tl.num_programs(0) * BLOCK):
             offs = start + tl.arange(0, BLOCK)  # (BLOCK,)
-            acc += tl.load(w_ptr + offs, mask=offs < n, other=0.0, cache_modifier=".cg",
-                           eviction_policy="evict_last").to(tl.float32)
+            # .cg: cached in L2 only (Triton's eviction_policy is L1's, and ptxas refuses it beside .cg)
+            acc += tl.load(w_ptr + offs, mask=offs < n, other=0.0, cache_modifier=".cg").to(tl.float32)
         tl.store(out_ptr + pid, tl.sum(acc, axis=0))
 
 

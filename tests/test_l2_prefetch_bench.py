@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import os
+import re
 
 import pytest
 import torch
@@ -106,6 +107,22 @@ def test_touch_reads_exactly_its_prefix(device):
     prefix = weight[: 5 * BLOCK + 7]
     touch_prefix(prefix, scratch)
     torch.testing.assert_close(scratch.sum(), prefix.sum(), rtol=1e-5, atol=1e-3)  # fp32: summation order only
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton (pip install triton): the kernel "
+                    "is compiled for Hopper ahead of time, with the ptxas its wheel bundles, no GPU needed")
+def test_touch_compiles_for_hopper_to_16_byte_loads_cached_in_l2_only():
+    """PTX and ptxas on a machine without a GPU: the kernel assembles for sm_90 (ptxas refused it once, when an L1
+    eviction policy sat beside .cg), and with an aligned weight each thread reads 16-byte vectors past L1."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from bench._l2_prefetch import BLOCK, _touch
+    aligned = {(0,): [["tt.divisibility", 16]], (1,): [["tt.divisibility", 16]], (2,): [["tt.divisibility", 16]]}
+    source = triton.compiler.ASTSource(fn=_touch, signature={"w_ptr": "*bf16", "n": "i32", "out_ptr": "*fp32"},
+                                       constexprs={"BLOCK": BLOCK}, attrs=aligned)
+    ptx = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 8}).asm["ptx"]
+    loads = set(re.findall(r"ld\.global[\w.:]*", ptx))
+    assert loads == {"ld.global.cg.v4.b32"}, loads
 
 
 @pytest.mark.large_gpu(min_gb=1)
