@@ -12,14 +12,17 @@
 #                                           # prefetched into L2 between matmuls (bench/_l2_prefetch.py; L2_SPECS
 #                                           # overrides the sizes) after its CUDA tests, one of them profiled
 #                                           # (L2_PROFILE, default 32:0), and the GEMV backends at one row
+#   bash bench/plan_calls.sh OUT draft      # ~300 s: EAGLE-2's compiled draft graph replayed under the profiler with
+#                                           # torch.topk over the vocabulary, then with the chunked top-k candidate
+#                                           # (bench/_chunked_topk.py) at chunks of 128 and 1024 scores
 #
 # Exports SPECBENCH_DATA_DIR (default .ab/data), HF_HUB_OFFLINE=1, SPECBENCH_SYNTH_DIR and SPECBENCH_SYNTH_1B_DIR
 # (default /tmp/specbench-synth-7b and -1b); writes the synthetic 7B first when it is missing.
 set -u
-out=${1:?usage: bash bench/plan_calls.sh OUT headroom|profiles|l2}
-call=${2:?usage: bash bench/plan_calls.sh OUT headroom|profiles|l2}
-if [[ $call != headroom && $call != profiles && $call != l2 ]]; then
-    echo "plan_calls.sh: unknown call '$call' (headroom, profiles or l2)" >&2
+out=${1:?usage: bash bench/plan_calls.sh OUT headroom|profiles|l2|draft}
+call=${2:?usage: bash bench/plan_calls.sh OUT headroom|profiles|l2|draft}
+if [[ $call != headroom && $call != profiles && $call != l2 && $call != draft ]]; then
+    echo "plan_calls.sh: unknown call '$call' (headroom, profiles, l2 or draft)" >&2
     exit 2
 fi
 export SPECBENCH_DATA_DIR=${SPECBENCH_DATA_DIR:-$PWD/.ab/data} HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
@@ -71,5 +74,13 @@ case $call in
         step 60 replay_l2.log python3 bench/replay_profile.py "$out/rpl2" --synth-dir "$synth" \
             --l2-prefetch "${L2_PROFILE:-32:0}"
         step 150 gemv.log python3 bench/gemv_backends.py "$out/gemv" --widths 1 ;;
+    draft)
+        # top-k's kernels were 268 of the compiled draft's 2,153 us on an H100 (docs/eagle.md#a-compiled-draft-step)
+        step 120 replay_eagle_compiled.log python3 bench/replay_profile.py "$out/rpc" --synth-dir "$synth" \
+            --step eagle-draft --compile-draft
+        for chunk in 128 1024; do
+            step 120 "replay_eagle_chunked_$chunk.log" python3 bench/replay_profile.py "$out/rpk$chunk" \
+                --synth-dir "$synth" --step eagle-draft --compile-draft --chunked-topk "$chunk"
+        done ;;
 esac
 grep -h "^exit " "$out"/*.log

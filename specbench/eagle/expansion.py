@@ -23,6 +23,13 @@ from specbench.engine.tree import TreeBuffers
 Expander = Callable[[torch.Tensor, torch.Tensor, int, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 
 
+def vocab_top_k(scores: torch.Tensor, k: int) -> torch.return_types.topk:
+    """The k best of every row of ``scores`` ``(..., V)`` over the vocabulary, best first: ``torch.topk``. One seam
+    for the drafting rules' full-vocabulary top-k, the draft step's largest cost after its matmuls on the 7B shape
+    (docs/eagle.md#a-compiled-draft-step), so a candidate can stand in for it (bench/replay_profile.py)."""
+    return torch.topk(scores, k, dim=-1)
+
+
 @dataclass(frozen=True)
 class DraftingRule:
     """``grow(root_hidden (B, H), root_logits (B, V), expand)`` -> the drafts' tensors, device ops only (no host
@@ -113,7 +120,7 @@ def _grow_static_tree(root_hidden: torch.Tensor, root_logits: torch.Tensor, expa
     k, rows = plan.tree.top_k, 1 + plan.num_expanded
     batch = root_hidden.shape[0]
     table = torch.empty(batch, rows, k, dtype=torch.long, device=root_hidden.device)  # (B, 1 + E, k)
-    table[:, 0] = root_logits.topk(k, dim=-1).indices
+    table[:, 0] = vocab_top_k(root_logits, k).indices
     outputs = root_hidden.new_empty(batch, rows, root_hidden.shape[-1])  # (B, 1 + E, H) row r: node's output
     outputs[:, 0] = root_hidden
     for depth, (begin, end) in enumerate(plan.levels, start=1):
@@ -122,7 +129,7 @@ def _grow_static_tree(root_hidden: torch.Tensor, root_logits: torch.Tensor, expa
         features = outputs[:, plan.parent_rows[begin:end]]  # (B, W, H)
         hidden, logits = expand(tokens, features, depth, plan.sees[begin:end, :end])
         outputs[:, 1 + begin: 1 + end] = hidden
-        table[:, 1 + begin: 1 + end] = logits.topk(k, dim=-1).indices  # (B, W, k)
+        table[:, 1 + begin: 1 + end] = vocab_top_k(logits, k).indices  # (B, W, k)
     return (table.view(batch, -1)[:, plan.candidates],)  # (B, N)
 
 
@@ -157,7 +164,7 @@ def _grow_dynamic_tree(root_hidden: torch.Tensor, root_logits: torch.Tensor, exp
                        depth: int, total_tokens: int) -> tuple[torch.Tensor, ...]:
     """Every slot's kept tokens ``(B, N)``, parents ``(B, N)``, depths ``(B, N + 1)`` and ancestor mask."""
     device, (batch, k) = root_hidden.device, (root_hidden.shape[0], top_k)
-    scores, tokens = torch.log_softmax(root_logits.float(), dim=-1).topk(k, dim=-1)  # (B, k) each
+    scores, tokens = vocab_top_k(torch.log_softmax(root_logits.float(), dim=-1), k)  # (B, k) each
     all_scores, all_tokens = [scores], [tokens]
     all_parents = [torch.full((batch, k), -1, dtype=torch.long, device=device)]
     all_levels = [torch.ones(k, dtype=torch.long, device=device)]  # each candidate's depth: its level
@@ -167,7 +174,7 @@ def _grow_dynamic_tree(root_hidden: torch.Tensor, root_logits: torch.Tensor, exp
     sees, offset = itself, k  # (B, k, k) over the nodes expanded so far
     for level in range(1, depth):
         hidden, logits = expand(tokens, features, level, sees)  # (B, k, H), (B, k, V)
-        child_logp, child_tokens = torch.log_softmax(logits.float(), dim=-1).topk(k, dim=-1)  # (B, k, k) each
+        child_logp, child_tokens = vocab_top_k(torch.log_softmax(logits.float(), dim=-1), k)  # (B, k, k) each
         child_scores = (scores[:, :, None] + child_logp.clamp(max=0.0)).flatten(1)  # (B, k * k) never above the parent
         all_scores.append(child_scores)
         all_tokens.append(child_tokens.flatten(1))
