@@ -1,6 +1,6 @@
 """A full-vocabulary top-k in two launches of PyTorch's single-block top-k instead of its multi-block radix select:
-the candidate for EAGLE's draft step, whose top-k over 8 rows of 32,000 log-probabilities takes four kernels per call
-on CUDA (docs/eagle.md#a-compiled-draft-step). Bench-only (bench/replay_profile.py --chunked-topk).
+the candidate for EAGLE's draft step, whose top-k over 8 rows of 32,000 log-probabilities launches four radix-select
+kernels per call on CUDA (docs/eagle.md#a-compiled-draft-step). Bench-only (bench/replay_profile.py --chunked-topk).
 
 Each row is cut into chunks of ``chunk`` scores (the last padded with -inf); every chunk's k best are taken at once
 over all the chunks (many short rows: the single-block path), then the k best of those C x k candidates. The values
