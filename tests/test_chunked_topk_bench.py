@@ -9,6 +9,7 @@ import torch
 
 from bench._chunked_topk import chunked_top_k
 from specbench.eagle import expansion
+from specbench.engine.tree import TreeBuffers
 
 
 @pytest.mark.parametrize("shape, k, chunk", [((2, 3, 1000), 8, 128), ((4, 1024), 8, 128), ((1, 8, 500), 16, 16),
@@ -35,11 +36,15 @@ def test_a_k_outside_one_chunk_is_refused(k):
         chunked_top_k(torch.zeros(2, 100), k, chunk=16)
 
 
+STATIC = expansion.StaticTreePlan.from_tree(TreeBuffers.from_paths([[0], [1], [0, 0], [0, 1], [0, 0, 0]]))
+
+
 @pytest.mark.parametrize("rule, calls", [(expansion.dynamic_tree_rule(top_k=3, depth=4, total_tokens=10), 4),
+                                         (expansion.static_tree_rule(STATIC), 1 + len(STATIC.levels)),
                                          (expansion.chain_rule(4), 0)])
 def test_the_rules_full_vocabulary_top_k_goes_through_the_seam(rule, calls, monkeypatch):
-    """EAGLE-2's dynamic tree takes its root's and every level's top-k over the vocabulary there (depth calls); the
-    chain takes argmaxes, none."""
+    """EAGLE-2's dynamic tree takes its root's and every level's top-k over the vocabulary there (depth calls), and
+    EAGLE-1's static tree its root's and every expanded level's; the chain takes argmaxes, none."""
     seen = []
     monkeypatch.setattr(expansion, "vocab_top_k", lambda scores, k: seen.append(scores.shape[-1]) or torch.topk(
         scores, k, dim=-1))
