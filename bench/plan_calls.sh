@@ -14,7 +14,7 @@
 #                                           # (L2_PROFILE, default 32:0), and the GEMV backends at one row
 #   bash bench/plan_calls.sh OUT draft      # ~300 s: EAGLE-2's compiled draft graph replayed under the profiler with
 #                                           # torch.topk over the vocabulary, then with the chunked top-k candidate
-#                                           # (bench/_chunked_topk.py) at chunks of 128 and 1024 scores
+#                                           # (specbench/eagle/top_k.py's CHUNK) at chunks of 128 and 1024 scores
 #
 # Exports SPECBENCH_DATA_DIR (default .ab/data), HF_HUB_OFFLINE=1, SPECBENCH_SYNTH_DIR and SPECBENCH_SYNTH_1B_DIR
 # (default /tmp/specbench-synth-7b and -1b); writes the synthetic 7B first when it is missing.

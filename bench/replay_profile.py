@@ -15,7 +15,8 @@ at --top-k/--depth/--total-tokens, the 7B speed case's 8/6/60 by default, head `
 short decode has captured it. Its ceiling is what the expansions must read: the head's layer and the lm_head, once
 per expansion, at the copy bandwidth. --compile-draft is a candidate for lowering it: the whole draft step compiled
 by inductor before capture, so the ~70 small kernels around each expansion's matmuls fuse (COMPILE_DRAFT, on since).
---chunked-topk CHUNK is the next: the rules' top-k over the vocabulary through chunks (bench/_chunked_topk.py).
+--chunked-topk CHUNK is the next: the rules' top-k over the vocabulary through chunks (specbench/eagle/top_k.py's
+CHUNK, off in the engine until an A/B).
 With --l2-prefetch SPEC the plain step's projections prefetch the next weight into L2 (bench/_l2_prefetch.py).
 
     python bench/replay_profile.py OUT --synth-dir SYNTH_DIR [--replays 20] [--l2-prefetch 32:0]
@@ -27,7 +28,6 @@ With --l2-prefetch SPEC the plain step's projections prefetch the next weight in
 from __future__ import annotations
 
 import argparse
-import functools
 import gzip
 import json
 import statistics
@@ -48,10 +48,8 @@ from _phase_clock import sync  # noqa: E402
 from plain_headroom import _device_start  # noqa: E402
 from profile_batched_kernels import kind_of  # noqa: E402
 
-from specbench.eagle.expansion import vocab_top_k  # noqa: E402
 from specbench.io.atomic_write import write_text_atomic  # noqa: E402
 
-VOCAB_TOP_K = vocab_top_k  # the drafting rules' own, kept while --chunked-topk stands in for it
 PAUSE_S = 0.002  # the host's pause between replays: a gap no graph has inside it
 SPLIT_US = 500.0  # a gap this long (microseconds) parts two replays
 # the CPU smoke run's: its replays are CPU ops, which a busy machine can preempt for more than SPLIT_US mid-replay
@@ -124,14 +122,13 @@ def plain_replays(args: argparse.Namespace, target, prompt: torch.Tensor) -> tup
 def eagle_draft_replays(args: argparse.Namespace, target, prompt: torch.Tensor) -> tuple[Callable[[int], None], int]:
     """EAGLE's draft graph, captured by a short decode, replayed from fixed roots; and the bytes its expansions must
     read (the head's layer and the lm_head, once per expansion: counted by running the rule once, eagerly)."""
-    from specbench.eagle import expansion
+    from specbench.eagle import top_k
     from specbench.eagle.captured import compiled_alone
     from specbench.engine.decode import Decoder, GenerationConfig
     from specbench.proposers.eagle import EagleProposer
 
     if args.chunked_topk:  # the candidate: the drafting rules' full-vocabulary top-k through chunks (traced as such)
-        from _chunked_topk import chunked_top_k
-        expansion.vocab_top_k = functools.partial(chunked_top_k, chunk=args.chunked_topk)
+        top_k.CHUNK = args.chunked_topk
     if args.tiny:
         from specbench.eagle.draft_head import EagleConfig, EagleHead
         shape = target.module.shape
@@ -154,9 +151,9 @@ def eagle_draft_replays(args: argparse.Namespace, target, prompt: torch.Tensor) 
         same = (captured.draft(*roots)[0] == eager[0]).float().mean().item()
         print(f"compiled draft: {same:.3f} of its tokens equal the eager step's on the same roots")
     if args.chunked_topk:  # the same draft as torch.topk's? only equal log-probabilities may pick other indices
-        chunked, expansion.vocab_top_k = expansion.vocab_top_k, VOCAB_TOP_K
+        top_k.CHUNK = 0
         plain = captured.rule.grow(*roots, captured.expand)
-        expansion.vocab_top_k = chunked
+        top_k.CHUNK = args.chunked_topk
         same = (plain[0] == eager[0]).float().mean().item()
         print(f"chunked top-k: {same:.3f} of the eager draft's tokens equal torch.topk's on the same roots")
     per_expansion = weight_bytes(proposer.head, skip=("embed_tokens",)) + weight_bytes(proposer.lm_head)
@@ -211,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="eagle-draft: torch.compile the whole draft step before it is captured (COMPILE_DRAFT's way)")
     parser.add_argument("--chunked-topk", type=int, metavar="CHUNK",
                         help="eagle-draft: the drafting rules' full-vocabulary top-k through chunks of CHUNK scores "
-                             "(bench/_chunked_topk.py: two single-block top-k launches instead of a multi-block one)")
+                             "(specbench/eagle/top_k.py: single-block top-k launches instead of a multi-block one)")
     parser.add_argument("--l2-prefetch", metavar="SPEC",
                         help="plain: the step with the next weights prefetched into L2 as SPEC (O:R[:nojoin] MB) says "
                              "(bench/_l2_prefetch.py); its prefetch kernels are the kind l2_prefetch")

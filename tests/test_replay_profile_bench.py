@@ -95,10 +95,10 @@ def test_the_l2_prefetch_variant_profiles_the_plain_step_and_refuses_a_bad_reque
 def test_the_chunked_top_k_candidate_drafts_torch_topks_tokens_compiled_too(tmp_path, capsys, monkeypatch):
     """--chunked-topk: the rules' vocabulary top-k goes through chunks, traced whole by dynamo with --compile-draft,
     and the draft's tokens equal torch.topk's on the same roots (fp32: no ties)."""
-    from specbench.eagle import expansion
-    monkeypatch.setattr(expansion, "vocab_top_k", expansion.vocab_top_k)  # the script replaces it: restored after
+    from specbench.eagle import top_k
+    monkeypatch.setattr(top_k, "CHUNK", top_k.CHUNK)  # the script sets it: restored after
     bench = load_bench_script("replay_profile")
     assert bench.main([str(tmp_path)] + EAGLE_DRAFT + ["--chunked-topk", "16", "--compile-draft"]) == 0
     out = capsys.readouterr().out
     assert "chunked top-k: 1.000 of the eager draft's tokens" in out and "compiled draft: 1.000" in out
-    assert expansion.vocab_top_k.func.__name__ == "chunked_top_k"  # the replays ran the candidate
+    assert top_k.CHUNK == 16  # the replays ran the candidate

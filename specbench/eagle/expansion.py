@@ -14,6 +14,7 @@ from typing import Callable
 
 import torch
 
+from specbench.eagle.top_k import vocab_top_k
 from specbench.engine.draft import Draft, ancestor_mask
 from specbench.engine.tree import TreeBuffers
 
@@ -21,13 +22,6 @@ from specbench.engine.tree import TreeBuffers
 # W nodes of every slot at one depth, each reading its parent's output hidden state; sees (W, A) bool, or per slot
 # (B, W, A), says whether node w sees the a-th node expanded so far in this draft (the W new ones are the last columns)
 Expander = Callable[[torch.Tensor, torch.Tensor, int, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
-
-
-def vocab_top_k(scores: torch.Tensor, k: int) -> torch.return_types.topk:
-    """The k best of every row of ``scores`` ``(..., V)`` over the vocabulary, best first: ``torch.topk``. One seam
-    for the drafting rules' full-vocabulary top-k, the draft step's largest cost after its matmuls on the 7B shape
-    (docs/eagle.md#a-compiled-draft-step), so a candidate can stand in for it (bench/replay_profile.py)."""
-    return torch.topk(scores, k, dim=-1)
 
 
 @dataclass(frozen=True)

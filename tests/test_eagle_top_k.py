@@ -1,15 +1,17 @@
-"""bench/_chunked_topk.py, the candidate for EAGLE's full-vocabulary top-k: the same values and (without ties) the same
-indices as ``torch.topk``, in every shape the drafting rules pass; and the rules' full-vocabulary top-k all go through
-``expansion.vocab_top_k``, the seam bench/replay_profile.py --chunked-topk replaces."""
+"""specbench/eagle/top_k.py: the chunked top-k gives ``torch.topk``'s values and (without ties) its indices in every
+shape the drafting rules pass; the rules' full-vocabulary top-k all go through ``vocab_top_k``; the switch ``CHUNK``
+(off) decides which runs; and with it on, EAGLE-1's static tree and EAGLE-2's dynamic tree decode with the same tokens
+and counters as with it off (fp32: no ties)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from bench._chunked_topk import chunked_top_k
-from specbench.eagle import expansion
+from specbench.eagle import expansion, top_k
+from specbench.eagle.top_k import chunked_top_k, vocab_top_k
 from specbench.engine.tree import TreeBuffers
+from test_eagle_graphs import build_proposer, build_target, decode_all
 
 
 @pytest.mark.parametrize("shape, k, chunk", [((2, 3, 1000), 8, 128), ((4, 1024), 8, 128), ((1, 8, 500), 16, 16),
@@ -56,3 +58,27 @@ def test_the_rules_full_vocabulary_top_k_goes_through_the_seam(rule, calls, monk
 
     rule.grow(torch.randn(2, hidden, generator=gen), torch.randn(2, vocab, generator=gen), expand)
     assert seen == [vocab] * calls
+
+
+def test_the_switch_is_off_and_decides_which_top_k_runs(monkeypatch):
+    assert top_k.CHUNK == 0  # off until an A/B on a GPU shows it pays
+    calls = []
+    monkeypatch.setattr(top_k, "chunked_top_k", lambda *a, **kw: calls.append(kw["chunk"]) or chunked_top_k(*a, **kw))
+    scores = torch.randn(2, 100, generator=torch.Generator().manual_seed(2))
+    assert torch.equal(vocab_top_k(scores, 4).indices, torch.topk(scores, 4, dim=-1).indices) and calls == []
+    monkeypatch.setattr(top_k, "CHUNK", 16)
+    assert torch.equal(vocab_top_k(scores, 4).values, torch.topk(scores, 4, dim=-1).values) and calls == [16]
+    vocab_top_k(scores, 17)  # k past one chunk, and a row of one chunk: torch.topk
+    vocab_top_k(scores[:, :16], 4)
+    assert calls == [16]
+
+
+@pytest.mark.parametrize("label", ["eagle1-static-tree", "eagle2-dynamic-tree", "eagle3-dynamic-tree"])
+def test_with_the_switch_on_the_drafts_decode_as_with_it_off(label, monkeypatch):
+    off_target = build_target(label, compile=False)
+    want = decode_all(off_target, build_proposer(label, off_target))
+    monkeypatch.setattr(top_k, "CHUNK", 16)  # the tiny models' vocabulary spans many chunks of 16
+    on_target = build_target(label, compile=False)
+    got = decode_all(on_target, build_proposer(label, on_target))
+    assert [(g.output_token_ids, g.counters) for g in got] == [(w.output_token_ids, w.counters) for w in want]
+    assert sum(g.counters.num_drafts for g in got) > 0
