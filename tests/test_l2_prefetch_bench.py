@@ -109,8 +109,9 @@ def test_touch_reads_exactly_its_prefix(device):
     torch.testing.assert_close(scratch.sum(), prefix.sum(), rtol=1e-5, atol=1e-3)  # fp32: summation order only
 
 
-@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton (pip install triton): the kernel "
-                    "is compiled for Hopper ahead of time, with the ptxas its wheel bundles, no GPU needed")
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None or os.environ.get("TRITON_INTERPRET") == "1",
+                    reason="needs triton (pip install triton), not interpreted: the kernel is compiled for Hopper ahead "
+                    "of time, with the ptxas its wheel bundles, no GPU needed")
 def test_touch_compiles_for_hopper_to_16_byte_loads_cached_in_l2_only():
     """PTX and ptxas on a machine without a GPU: the kernel assembles for sm_90 (ptxas refused it once, when an L1
     eviction policy sat beside .cg), and with an aligned weight each thread reads 16-byte vectors past L1."""
