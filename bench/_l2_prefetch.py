@@ -6,8 +6,9 @@ attention, the residual norms, SwiGLU) about 210 latency-bound kernels leave HBM
 step on an H100 (bench/results/h100-2026-12-07/README.md), a larger share of the H200's shorter step. Those kernels
 cannot get much shorter, but the bandwidth they leave can be spent. :class:`PrefetchingLinear` wraps the step's
 ``ops.linear``: after each projection's matmul it forks a side stream that reads the first bytes of the next
-projection's weight (loads cached in L2 only, summed into a scratch value so that they are kept), and the next matmul joins it first, so the prefix it reads comes from L2, which serves it several times
-faster than HBM. Inside a CUDA graph the fork and the join are edges of the graph, so replays keep them.
+projection's weight (loads cached in L2 only, summed into a scratch value so that they are kept), and the next
+matmul joins it first, so the prefix it reads comes from L2, which serves it several times faster than HBM. Inside
+a CUDA graph the fork and the join are edges of the graph, so replays keep them.
 
 How many bytes each window can take is what the bench measures: the window after the fused q/k/v projection
 (rotary, the cache write, attention: the longest) prefetches up to ``cap_o`` bytes of the output projection, every
@@ -19,6 +20,7 @@ step's tokens are the engine's exactly.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from typing import Callable
 
@@ -129,13 +131,9 @@ def parse_spec(spec: str) -> tuple[int, int, bool]:
 
 
 def prefetching_target(target, spec: str, programs: int | None = None):
-    """Another static target over ``target``'s module and stages (weights shared) whose projections prefetch into L2
-    as ``spec`` (:func:`parse_spec`) says; ValueError for a bad spec."""
-    import dataclasses
-
-    from specbench.engine.static_target import StaticTarget
+    """Another static target of one slot over ``target``'s module and stages (weights shared) whose projections
+    prefetch into L2 as ``spec`` (:func:`parse_spec`) says; ValueError for a bad spec."""
     cap_o, cap_rest, join = parse_spec(spec)
     linear = PrefetchingLinear(target.ops.linear, projection_order(target.module), cap_o=cap_o, cap_rest=cap_rest,
                                programs=programs, join=join)
-    return StaticTarget(target.module, target.config, 1, max_context=target.max_context,
-                        ops=dataclasses.replace(target.ops, linear=linear))
+    return target.with_batch_size(1, ops=dataclasses.replace(target.ops, linear=linear))

@@ -31,8 +31,8 @@ def target(device="cpu", linear=None) -> StaticTarget:
     plain = StaticTarget.from_hf_model(tiny_llama(seed=0, max_context=512).to(device))
     if linear is None:
         return plain
-    ops = dataclasses.replace(plain.ops, linear=linear(plain.ops.linear, projection_order(plain.module)))
-    return StaticTarget(plain.module, plain.config, 1, max_context=plain.max_context, ops=ops)
+    return plain.with_batch_size(1, ops=dataclasses.replace(plain.ops, linear=linear(plain.ops.linear,
+                                                                                    projection_order(plain.module))))
 
 
 def test_every_projection_is_listed_in_the_order_the_forward_reads_it():
@@ -110,8 +110,8 @@ def test_touch_reads_exactly_its_prefix(device):
 
 
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None or os.environ.get("TRITON_INTERPRET") == "1",
-                    reason="needs triton (pip install triton), not interpreted: the kernel is compiled for Hopper ahead "
-                    "of time, with the ptxas its wheel bundles, no GPU needed")
+                    reason="needs triton (pip install triton), not interpreted: the kernel is compiled for Hopper "
+                    "ahead of time, with the ptxas its wheel bundles, no GPU needed")
 def test_touch_compiles_for_hopper_to_16_byte_loads_cached_in_l2_only():
     """PTX and ptxas on a machine without a GPU: the kernel assembles for sm_90 (ptxas refused it once, when an L1
     eviction policy sat beside .cg), and with an aligned weight each thread reads 16-byte vectors past L1."""

@@ -101,8 +101,8 @@ class StaticTarget:
     def with_batch_size(self, batch_size: int, **options) -> "StaticTarget":
         """Another target over this one's module (weights shared, nothing copied) with ``batch_size`` slots, its max
         context, its compiled stages, aux layers and graph setting unless ``options`` (as __init__) say otherwise."""
-        options = {"cuda_graphs": self.cuda_graphs, **options}
-        other = type(self)(self.module, self.config, batch_size, max_context=self.max_context, ops=self.ops, **options)
+        options = {"cuda_graphs": self.cuda_graphs, "ops": self.ops, **options}
+        other = type(self)(self.module, self.config, batch_size, max_context=self.max_context, **options)
         if self.aux_layers:  # an EAGLE-3 proposer already asked this target for its features
             other.set_aux_layers(self.aux_layers)
         return other
